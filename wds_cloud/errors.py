@@ -1,0 +1,151 @@
+"""The whole exception tree of wds_cloud.
+
+Every error mixes in the builtin a caller would already catch, so plain ``except OSError``
+or ``except ValueError`` keeps working::
+
+    WdsCloudError
+    ├── ConfigError(ValueError) ── SpecError
+    ├── UnsupportedSchemeError(ValueError)      lists the registered schemes
+    ├── MissingDependencyError(ImportError)     names the pip extra to install
+    ├── UnsafeURLError(PermissionError)         e.g. pipe: in a spec that did not allow it
+    ├── OpenError(OSError)                      .url, .resolved_url (after rewrite/AIS)
+    │   ├── ShardNotFoundError(FileNotFoundError)
+    │   ├── AccessDeniedError(PermissionError)
+    │   └── PipeError                           .command, .returncode, stderr tail
+    ├── CacheError(OSError) ── CacheValidationError
+    └── ShardFormatError(ValueError)            .url, .member, .offset
+
+Messages say what went wrong, why, and how to fix it. URLs are shown through
+:func:`wds_cloud.urls.redact` so signed query strings and keys never reach a message.
+Chain with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "AccessDeniedError",
+    "CacheError",
+    "CacheValidationError",
+    "ConfigError",
+    "MissingDependencyError",
+    "OpenError",
+    "PipeError",
+    "ShardFormatError",
+    "ShardNotFoundError",
+    "SpecError",
+    "UnsafeURLError",
+    "UnsupportedSchemeError",
+    "WdsCloudError",
+]
+
+
+class WdsCloudError(Exception):
+    """Base of every error raised by wds_cloud."""
+
+
+class ConfigError(WdsCloudError, ValueError):
+    """A setting, argument or environment variable has a value we cannot use."""
+
+
+class SpecError(ConfigError):
+    """A YAML dataset spec is malformed; the message names the file and key path."""
+
+
+class UnsupportedSchemeError(WdsCloudError, ValueError):
+    """No opener is registered for a URL's scheme."""
+
+    def __init__(self, url: str, scheme: str, registered: Iterable[str]) -> None:
+        self.url = url
+        self.scheme = scheme
+        self.registered = sorted(registered)
+        super().__init__(
+            f"no opener for scheme {scheme!r} in {url!r}; registered schemes: "
+            f"{', '.join(self.registered)} (register one with wds_cloud.register_opener)"
+        )
+
+
+class MissingDependencyError(WdsCloudError, ImportError):
+    """An optional dependency is not installed; the message names the pip extra."""
+
+    def __init__(self, what: str, module: str, extra: str) -> None:
+        self.module = module
+        self.extra = extra
+        super().__init__(
+            f"{what} needs the Python package {module!r}, which is not installed; "
+            f"install it with: pip install 'wds-cloud[{extra}]'"
+        )
+
+
+class UnsafeURLError(WdsCloudError, PermissionError):
+    """A URL was refused because of what it would do (e.g. run a command)."""
+
+
+class OpenError(WdsCloudError, OSError):
+    """A shard could not be opened or read.
+
+    ``url`` is the URL as the caller gave it, ``resolved_url`` the one actually opened after
+    rewriting and proxying (both redacted).
+    """
+
+    def __init__(self, message: str, *, url: str = "", resolved_url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+        self.resolved_url = resolved_url or url
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ShardNotFoundError(OpenError, FileNotFoundError):
+    """The shard does not exist."""
+
+
+class AccessDeniedError(OpenError, PermissionError):
+    """The store refused access to the shard."""
+
+
+class PipeError(OpenError):
+    """A ``pipe:`` command failed; carries its command, exit status and the tail of stderr."""
+
+    def __init__(
+        self, message: str, *, url: str = "", command: str = "", returncode: int | None = None,
+        stderr: str = "",
+    ) -> None:
+        super().__init__(message, url=url)
+        self.command = command
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+class CacheError(WdsCloudError, OSError):
+    """The shard cache could not store or serve an entry."""
+
+
+class CacheValidationError(CacheError):
+    """A cache entry does not match what was recorded for it."""
+
+
+class ShardFormatError(WdsCloudError, ValueError):
+    """A shard's bytes are not a valid archive, or its samples break webdataset's rules.
+
+    ``url`` names the shard, ``member`` the tar member (if known) and ``offset`` the byte
+    offset in the uncompressed stream where the problem was found.
+    """
+
+    def __init__(
+        self, message: str, *, url: str | None = None, member: str | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.url = url
+        self.member = member
+        self.offset = offset
+        where = []
+        if url is not None:
+            where.append(f"url={url!r}")
+        if member is not None:
+            where.append(f"member={member!r}")
+        if offset is not None:
+            where.append(f"offset={offset}")
+        super().__init__(f"{message} ({', '.join(where)})" if where else message)

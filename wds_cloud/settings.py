@@ -1,0 +1,131 @@
+"""Settings: the one module of wds_cloud that reads the environment.
+
+A frozen :class:`Settings` is built once (``Settings.from_env()``) at the composition root and
+passed down. Explicit arguments beat settings, settings beat defaults; ``trust_env=False``
+ignores the environment altogether.
+
+=======================  ==================================================================
+variable                 meaning
+=======================  ==================================================================
+``WDS_REWRITE``          URL rewrite rules, ``regex=replacement;regex=replacement``
+                         (``GOPEN_REWRITE``, webdataset's own name for it, is read too)
+``AIS_ENDPOINT``         AIStore gateway, e.g. ``http://aistore:51080``
+``USE_AIS_FOR``          colon-separated schemes to fetch through AIStore, e.g. ``gs:s3``
+``WDS_CACHE``            shard cache directory; setting it turns caching on
+``WDS_CACHE_SIZE``       cache bound in bytes (``1e9``, ``50GB``, ``500MiB``)
+``WDS_VERBOSE_CACHE``    ``1``: one log line per cache hit, miss, fill and eviction
+``WDS_SECURE``           ``1``: refuse to unpickle (``.pyd``, ``.pickle``, ``.pth``) samples
+``WDS_<NAME>``           value of ``${NAME}`` in shard URLs
+``RANK``, ``WORLD_SIZE`` node rank and count, before ``torch.distributed``
+``WORKER``,              worker index and count, before ``torch.utils.data.get_worker_info``
+``NUM_WORKERS``
+=======================  ==================================================================
+
+Cloud credentials (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``) are the SDKs' business and are never
+read here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+__all__ = ["Settings", "parse_bool", "parse_size"]
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+    "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_size(value: str | int | float, *, name: str = "size") -> int:
+    """Parse ``1e9``, ``50GB``, ``500MiB`` or a plain number of bytes into an int."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a size in bytes, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ConfigError(f"{name}: a size cannot be negative, got {value!r}")
+        return int(value)
+    m = _SIZE_RE.match(value)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _SIZE_UNITS:
+        raise ConfigError(
+            f"{name}: cannot read {value!r} as a size; write bytes as e.g. 1e9, 50GB or 500MiB"
+        )
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_bool(value: str, *, name: str) -> bool:
+    """Parse an environment flag (``1/0``, ``true/false``, ``yes/no``, ``on/off``)."""
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ConfigError(f"{name}: expected 1/0, true/false, yes/no or on/off, got {value!r}")
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything wds_cloud takes from the environment, read once."""
+
+    rewrite: str | None = None
+    rewrite_var: str = "WDS_REWRITE"
+    ais_endpoint: str | None = None
+    use_ais_for: tuple[str, ...] = ()
+    cache_dir: str | None = None
+    cache_size: int | None = None
+    verbose_cache: bool = False
+    secure: bool = False
+    rank: int | None = None
+    world_size: int | None = None
+    worker: int | None = None
+    num_workers: int | None = None
+    url_vars: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, trust_env: bool = True
+    ) -> Settings:
+        """Build settings from ``environ`` (default ``os.environ``); ``trust_env=False`` ignores it."""
+        if not trust_env:
+            return cls()
+        env = os.environ if environ is None else environ
+        rewrite_var = "WDS_REWRITE" if "WDS_REWRITE" in env else "GOPEN_REWRITE"
+        use_ais = tuple(s for s in env.get("USE_AIS_FOR", "").split(":") if s.strip())
+        size = env.get("WDS_CACHE_SIZE")
+        cache_dir = env.get("WDS_CACHE") or None
+        return cls(
+            rewrite=env.get(rewrite_var) or None,
+            rewrite_var=rewrite_var,
+            ais_endpoint=env.get("AIS_ENDPOINT") or None,
+            use_ais_for=tuple(s.strip() for s in use_ais),
+            cache_dir=os.path.expandvars(os.path.expanduser(cache_dir)) if cache_dir else None,
+            cache_size=parse_size(size, name="WDS_CACHE_SIZE") if size else None,
+            verbose_cache=parse_bool(env.get("WDS_VERBOSE_CACHE", ""), name="WDS_VERBOSE_CACHE"),
+            secure=parse_bool(env.get("WDS_SECURE", ""), name="WDS_SECURE"),
+            rank=_int(env, "RANK"),
+            world_size=_int(env, "WORLD_SIZE"),
+            worker=_int(env, "WORKER"),
+            num_workers=_int(env, "NUM_WORKERS"),
+            url_vars={k[4:]: v for k, v in env.items() if k.startswith("WDS_") and len(k) > 4},
+        )
