@@ -106,7 +106,7 @@ class Settings:
     def from_env(
         cls, environ: Mapping[str, str] | None = None, *, trust_env: bool = True
     ) -> Settings:
-        """Build settings from ``environ`` (default ``os.environ``); ``trust_env=False`` ignores it."""
+        """Read ``environ`` (default ``os.environ``); ``trust_env=False`` ignores it."""
         if not trust_env:
             return cls()
         env = os.environ if environ is None else environ

@@ -1,0 +1,28 @@
+"""Shared test set-up: nothing may leave the machine, and each test gets a clean wds_cloud env."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Cloud SDKs probe instance-metadata addresses for default credentials; keep them on loopback.
+_NO_METADATA = {
+    "NO_GCE_CHECK": "true",
+    "GCE_METADATA_HOST": "127.0.0.1:9",
+    "GCE_METADATA_IP": "127.0.0.1:9",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+}
+os.environ.update(_NO_METADATA)
+
+_OURS = ("WDS_", "GOPEN_", "AIS_ENDPOINT", "USE_AIS_FOR")
+_DIST = ("RANK", "WORLD_SIZE", "WORKER", "NUM_WORKERS", "LOCAL_RANK")
+
+
+@pytest.fixture(autouse=True)
+def _clean_wds_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests start without any wds_cloud or rank/worker variables from the caller's shell."""
+    for name in list(os.environ):
+        if name.startswith(_OURS) or name in _DIST:
+            monkeypatch.delenv(name)

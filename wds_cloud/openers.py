@@ -1,0 +1,328 @@
+"""Openers: one small object per URL scheme that turns a URL into a byte stream.
+
+An opener is anything with ``open(url, mode, **options) -> BinaryIO``. Openers are found by
+scheme in a registry that holds either the opener itself or a lazy ``"module:attribute"`` path,
+so nothing is imported before a URL of that scheme is opened. Third parties plug in with
+:func:`register_opener` or an entry point in the ``wds_cloud.openers`` group (name = scheme,
+value = ``module:attribute`` of an opener or of a class to instantiate). Registering a scheme that
+is taken is refused unless ``replace=True``.
+
+Built in: local paths and ``file:``, ``pipe:CMD`` and ``-`` (stdin/stdout).
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, BinaryIO, Protocol, cast, runtime_checkable
+from urllib.request import url2pathname
+
+from .errors import (
+    AccessDeniedError,
+    ConfigError,
+    MissingDependencyError,
+    OpenError,
+    PipeError,
+    ShardNotFoundError,
+    UnsupportedSchemeError,
+)
+from .urls import split_scheme
+
+__all__ = [
+    "LocalOpener",
+    "Opener",
+    "PipeOpener",
+    "StdioOpener",
+    "function_opener",
+    "get_opener",
+    "register_opener",
+    "registered_schemes",
+    "unregister_opener",
+]
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "wds_cloud.openers"
+
+
+@runtime_checkable
+class Opener(Protocol):
+    """Opens a URL of one scheme as a binary stream (``mode`` is ``"rb"`` or ``"wb"``)."""
+
+    def open(self, url: str, mode: str, **options: Any) -> BinaryIO: ...
+
+
+class LocalOpener:
+    """Local paths and ``file:`` URLs; read streams carry ``local_path``."""
+
+    def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
+        scheme, rest = split_scheme(url)
+        path = url2pathname(rest[2:] if rest.startswith("//") else rest) if scheme else url
+        bufsize = options.pop("bufsize", -1)
+        if options:
+            raise ConfigError(f"options {sorted(options)} are not used when opening local {url!r}")
+        try:
+            if "w" in mode:
+                return cast(BinaryIO, open(path, mode, buffering=bufsize))
+            stream = open(path, mode, buffering=bufsize)  # noqa: SIM115
+        except FileNotFoundError as exc:
+            raise ShardNotFoundError(f"no such file: {path!r}", url=url) from exc
+        except PermissionError as exc:
+            raise AccessDeniedError(f"permission denied reading {path!r}", url=url) from exc
+        except IsADirectoryError as exc:
+            raise OpenError(f"{path!r} is a directory, not a shard", url=url) from exc
+        stream.local_path = os.path.abspath(path)  # type: ignore[attr-defined]
+        return cast(BinaryIO, stream)
+
+
+class StdioOpener:
+    """``-``: standard input for reading, standard output for writing."""
+
+    def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
+        options.pop("bufsize", None)
+        if options:
+            raise ConfigError(f"options {sorted(options)} are not used when opening '-'")
+        stream = sys.stdout.buffer if "w" in mode else sys.stdin.buffer
+        return cast(BinaryIO, _Unclosable(stream))
+
+
+class _Unclosable(io.RawIOBase):
+    """Wraps stdin/stdout so closing a shard does not close the process's own streams."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        return cast(bytes, self._stream.read(size))
+
+    def readinto(self, buffer: Any) -> int:
+        return cast(int, self._stream.readinto(buffer))
+
+    def write(self, data: Any) -> int:
+        return cast(int, self._stream.write(data))
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.flush() if self._stream.writable() else None
+        super().close()
+
+
+class _PipeStream(io.RawIOBase):
+    """The stdout (or stdin) of a ``pipe:`` command; checks its exit status at end of stream.
+
+    A command that exits non-zero raises :class:`PipeError` with the tail of its stderr instead
+    of delivering a silently short shard. Closing before the end kills the command.
+    """
+
+    _STDERR_TAIL = 4096
+
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, command: str, mode: str) -> None:
+        self._proc = proc
+        self._url = url
+        self._command = command
+        self._writing = "w" in mode
+        self._pipe = cast(BinaryIO, proc.stdin if self._writing else proc.stdout)
+        self._tail: deque[bytes] = deque()
+        self._tail_size = 0
+        self._stderr_thread = threading.Thread(
+            target=self._drain_stderr, name="wds-pipe-stderr", daemon=True
+        )
+        self._stderr_thread.start()
+        self._checked = False
+
+    def _drain_stderr(self) -> None:
+        stderr = self._proc.stderr
+        while stderr is not None and (chunk := stderr.read(4096)):
+            self._tail.append(chunk)
+            self._tail_size += len(chunk)
+            while self._tail_size - len(self._tail[0]) >= self._STDERR_TAIL:
+                self._tail_size -= len(self._tail.popleft())
+
+    def readable(self) -> bool:
+        return not self._writing
+
+    def writable(self) -> bool:
+        return self._writing
+
+    def readinto(self, buffer: Any) -> int:
+        n: int = self._pipe.readinto(buffer)  # type: ignore[attr-defined]
+        if n == 0 and len(memoryview(buffer)) > 0:
+            self._check_exit()
+        return n
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._pipe.write(data)
+        except BrokenPipeError as exc:
+            self._check_exit()
+            raise PipeError(
+                f"pipe command stopped reading: {self._command!r}", url=self._url,
+                command=self._command,
+            ) from exc
+
+    def _check_exit(self) -> None:
+        if self._checked:
+            return
+        self._checked = True
+        returncode = self._proc.wait()
+        self._stderr_thread.join(timeout=5)
+        if returncode != 0:
+            tail = b"".join(self._tail).decode("utf-8", "replace")[-self._STDERR_TAIL:]
+            raise PipeError(
+                f"pipe command exited with status {returncode}: {self._command!r}"
+                + (f"; stderr ends with: {tail.strip()}" if tail.strip() else ""),
+                url=self._url, command=self._command, returncode=returncode, stderr=tail,
+            )
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if self._writing:
+                self._pipe.close()
+                self._check_exit()
+            elif not self._checked:
+                # the reader stopped early: the command's fate is no longer our business
+                self._checked = True
+                self._proc.kill()
+                self._pipe.close()
+                self._proc.wait()
+        finally:
+            super().close()
+
+
+class PipeOpener:
+    """``pipe:CMD``: run ``CMD`` in a shell and read its stdout (or write its stdin)."""
+
+    def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
+        bufsize = options.pop("bufsize", io.DEFAULT_BUFFER_SIZE)
+        if options:
+            raise ConfigError(f"options {sorted(options)} are not used by pipe: URLs ({url!r})")
+        command = split_scheme(url)[1]
+        writing = "w" in mode
+        try:
+            proc = subprocess.Popen(
+                command, shell=True, bufsize=0,
+                stdin=subprocess.PIPE if writing else subprocess.DEVNULL,
+                stdout=None if writing else subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except OSError as exc:
+            raise PipeError(f"cannot start pipe command {command!r}: {exc}", url=url,
+                            command=command) from exc
+        raw = _PipeStream(proc, url, command, mode)
+        size = bufsize if bufsize and bufsize > 0 else io.DEFAULT_BUFFER_SIZE
+        buffered = io.BufferedWriter(raw, size) if writing else io.BufferedReader(raw, size)
+        return cast(BinaryIO, buffered)
+
+
+_BUILTINS: dict[str, Opener | str] = {
+    "": "wds_cloud.openers:LocalOpener",
+    "file": "wds_cloud.openers:LocalOpener",
+    "pipe": "wds_cloud.openers:PipeOpener",
+    "-": "wds_cloud.openers:StdioOpener",
+}
+#: what to install for schemes whose opener lives in an optional package
+_INSTALL_HINTS: dict[str, tuple[str, str]] = {}
+
+_registry: dict[str, Opener | str] = dict(_BUILTINS)
+_entry_points_loaded = False
+_lock = threading.Lock()
+
+
+def register_opener(scheme: str, opener: Opener | str, *, replace: bool = False) -> None:
+    """Register ``opener`` (an object with ``open``, or a lazy ``"module:attr"``) for ``scheme``."""
+    scheme = scheme.lower()
+    if not isinstance(opener, str) and not callable(getattr(opener, "open", None)):
+        raise ConfigError(f"opener for {scheme!r} has no open(url, mode) method: {opener!r}")
+    with _lock:
+        _load_entry_points()
+        if scheme in _registry and not replace:
+            raise ConfigError(
+                f"scheme {scheme!r} already has an opener ({_registry[scheme]!r}); "
+                f"pass replace=True to replace it"
+            )
+        _registry[scheme] = opener
+
+
+def unregister_opener(scheme: str) -> None:
+    """Remove the opener of ``scheme``; URLs of that scheme then raise UnsupportedSchemeError."""
+    with _lock:
+        _registry.pop(scheme.lower(), None)
+
+
+def registered_schemes() -> list[str]:
+    """The schemes that have an opener, sorted (``""`` is local paths)."""
+    with _lock:
+        _load_entry_points()
+        return sorted(_registry)
+
+
+def get_opener(url: str) -> Opener:
+    """The opener for ``url``'s scheme; raises :class:`UnsupportedSchemeError` if there is none."""
+    scheme = "-" if url == "-" else split_scheme(url)[0]
+    with _lock:
+        _load_entry_points()
+        entry = _registry.get(scheme)
+        if entry is None:
+            raise UnsupportedSchemeError(url, scheme, [s or "(local path)" for s in _registry])
+        if isinstance(entry, str):
+            entry = _registry[scheme] = _resolve(scheme, entry)
+    return entry
+
+
+def _resolve(scheme: str, dotted: str) -> Opener:
+    module_name, _, attr = dotted.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = _INSTALL_HINTS.get(scheme)
+        if hint is not None:
+            raise MissingDependencyError(f"opening {scheme}:// URLs", *hint) from exc
+        raise
+    obj: Any = getattr(module, attr)
+    return cast(Opener, obj() if isinstance(obj, type) else obj)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name.lower() in _registry:
+            log.warning("entry point %s=%s ignored: scheme already registered", ep.name, ep.value)
+            continue
+        _registry[ep.name.lower()] = ep.value
+
+
+def function_opener(func: Callable[..., BinaryIO]) -> Opener:
+    """Adapt a webdataset-style ``handler(url, mode, bufsize, **kw)`` into an :class:`Opener`."""
+    return _FunctionOpener(func)
+
+
+class _FunctionOpener:
+    def __init__(self, func: Callable[..., BinaryIO]) -> None:
+        self.func = func
+
+    def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
+        bufsize = options.pop("bufsize", 8192)
+        return self.func(url, mode, bufsize, **options)
+
+    def __repr__(self) -> str:
+        return f"function_opener({self.func!r})"
