@@ -1,0 +1,165 @@
+"""Real torch DataLoaders: epochs with non-persistent workers, reproducibility, pickling.
+
+The contrast with webdataset 1.0.2 is deliberate and documented: its ResampledShards keeps its
+epoch counter in the dataset object, which a DataLoader with ``persistent_workers=False``
+pickles afresh into new workers each epoch, so every epoch replays the same shards.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import webdataset  # noqa: E402
+from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
+
+import wds_cloud as wds  # noqa: E402
+
+URLS = [f"shard-{i:03d}.tar" for i in range(50)]
+
+
+def url_of(item: dict[str, str]) -> str:
+    return item["url"]
+
+
+def epochs_of(loader: Any, n: int = 3) -> list[list[str]]:
+    return [list(loader) for _ in range(n)]
+
+
+def resampled_pipeline(lib: Any, **kw: Any) -> Any:
+    return lib.DataPipeline(lib.ResampledShards(URLS, nshards=8, **kw), lib.map(url_of))
+
+
+def test_plain_dataloader_epochs_differ_webdataset_repeats() -> None:
+    torch.manual_seed(0)
+    ours = DataLoader(resampled_pipeline(wds, deterministic=True), batch_size=None,
+                      num_workers=2, persistent_workers=False)
+    theirs = DataLoader(resampled_pipeline(webdataset, deterministic=True), batch_size=None,
+                        num_workers=2, persistent_workers=False)
+    our_epochs, their_epochs = epochs_of(ours), epochs_of(theirs)
+    assert all(len(e) == 16 for e in our_epochs + their_epochs)
+    # webdataset 1.0.2: every epoch is the same (the defect this package fixes)
+    assert their_epochs[0] == their_epochs[1] == their_epochs[2]
+    # wds_cloud: torch's per-epoch worker seed is mixed in when nobody calls set_epoch
+    assert len({tuple(e) for e in our_epochs}) == 3
+    # ... which is reproducible under torch.manual_seed
+    torch.manual_seed(0)
+    assert epochs_of(ours) == our_epochs
+
+
+def test_webloader_epochs_differ_and_reproduce_across_runs() -> None:
+    def run() -> list[list[str]]:
+        dataset = resampled_pipeline(wds, deterministic=True, seed=42)
+        loader = wds.WebLoader(dataset, batch_size=None, num_workers=2, persistent_workers=False)
+        return epochs_of(loader)
+
+    torch.manual_seed(1)
+    first = run()
+    torch.manual_seed(2)  # the torch seed does not matter: WebLoader numbers the epochs
+    second = run()
+    assert first == second
+    assert len({tuple(e) for e in first}) == 3
+    assert all(len(e) == 16 for e in first)
+    # the two workers draw different streams
+    assert first[0][0::2] != first[0][1::2]
+
+
+def test_persistent_workers_also_advance() -> None:
+    dataset = resampled_pipeline(wds, deterministic=True, seed=3)
+    loader = wds.WebLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+    epochs = epochs_of(loader)
+    assert len({tuple(e) for e in epochs}) == 3
+
+
+def test_datasets_are_torch_iterable_datasets() -> None:
+    assert isinstance(wds.DataPipeline([1, 2]), IterableDataset)
+    assert isinstance(wds.ResampledShards(URLS), IterableDataset)
+    assert isinstance(wds.SimpleShardList(URLS), IterableDataset)
+    loader = DataLoader(wds.SimpleShardList(URLS[:4]), batch_size=None, num_workers=0)
+    assert [d["url"] for d in loader] == URLS[:4]
+
+
+# ---------------------------------------------------------------- with tar shards
+
+
+def make_shards(directory: Path, nshards: int = 4, per_shard: int = 5) -> list[str]:
+    urls = []
+    for s in range(nshards):
+        path = directory / f"data-{s:03d}.tar"
+        with tarfile.open(path, "w") as tar:
+            for i in range(per_shard):
+                key = f"s{s:03d}_{i:03d}"
+                for ext, payload in (("txt", f"{key} text"), ("cls", str(s * 100 + i))):
+                    data = payload.encode()
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        urls.append(str(path))
+    return urls
+
+
+def key_of(sample: dict[str, Any]) -> str:
+    return str(sample["__key__"])
+
+
+def test_webdataset_pickles_with_length_and_runs_in_spawned_workers(tmp_path: Path) -> None:
+    urls = make_shards(tmp_path)
+    ds = wds.WebDataset(urls, shardshuffle=False).map(key_of).with_length(20, silent=True)
+    copy = pickle.loads(pickle.dumps(ds))
+    assert len(copy) == 20
+    assert list(copy) == list(ds)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    assert len(loader) == 20
+    expected = sorted(f"s{s:03d}_{i:03d}" for s in range(4) for i in range(5))
+    assert sorted(loader) == expected
+
+
+def test_resampled_webdataset_through_webloader(tmp_path: Path) -> None:
+    urls = make_shards(tmp_path, nshards=8, per_shard=3)
+
+    def run() -> list[list[str]]:
+        ds = wds.WebDataset(urls, resampled=True, seed=5).map(key_of).with_epoch(6)
+        loader = wds.WebLoader(ds, batch_size=None, num_workers=2)
+        return epochs_of(loader)
+
+    first = run()
+    assert all(len(e) == 12 for e in first)
+    assert len({tuple(e) for e in first}) == 3
+    universe = {f"s{s:03d}_{i:03d}" for s in range(8) for i in range(3)}
+    assert {k for e in first for k in e} <= universe
+    assert run() == first  # an explicit seed makes resampling reproducible
+
+
+def test_webloader_fluid_methods(tmp_path: Path) -> None:
+    urls = make_shards(tmp_path, nshards=4, per_shard=6)
+    ds = wds.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "cls").batched(4)
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=2)
+    rebatched = loader.unbatched().shuffle(10).batched(5)
+    batches = list(rebatched)
+    assert [len(keys) for keys, _ in batches] == [5, 5, 5, 5, 4]
+    everything = sorted(k for keys, _ in loader for k in keys)
+    assert sorted(k for keys, _ in batches for k in keys) == everything
+    assert everything == sorted(f"s{s:03d}_{i:03d}" for s in range(4) for i in range(6))
+    assert isinstance(rebatched, wds.WebLoader)
+    assert isinstance(loader.dataloader, DataLoader)
+    limited = loader.unbatched().with_epoch(7)
+    assert len(list(limited)) == 7
+    assert len(loader.with_length(3, silent=True)) == 3
+
+
+def test_webloader_set_epoch_for_resuming() -> None:
+    def epoch_two(resume: bool) -> list[str]:
+        loader = wds.WebLoader(resampled_pipeline(wds, deterministic=True, seed=9),
+                               batch_size=None, num_workers=2)
+        if resume:
+            loader.set_epoch(2)
+            return list(loader)
+        return epochs_of(loader)[2]
+
+    assert epoch_two(resume=True) == epoch_two(resume=False)

@@ -1,0 +1,277 @@
+"""Everything that knows about PyTorch; the only module of wds_cloud that imports torch.
+
+torch is never imported at module import time, and everything works without torch installed
+(as a single process):
+
+* :func:`worker_info` finds the rank and worker: ``RANK``/``WORLD_SIZE`` and
+  ``WORKER``/``NUM_WORKERS`` from :class:`~wds_cloud.settings.Settings` first (as webdataset),
+  then ``torch.distributed`` and ``torch.utils.data.get_worker_info()``. It only asks torch when
+  torch is already imported in this process (a process that has not imported torch can be
+  neither a DataLoader worker nor part of an initialized process group), so it never pays for
+  importing torch.
+* ``split_by_node``, ``split_by_worker``, ``single_node_only``, ``ResampledShards`` and
+  ``resampled`` are the :mod:`wds_cloud.shards` versions bound to :func:`worker_info`; the
+  shard-list names of :mod:`wds_cloud.shards` are re-exported so this module can stand in for
+  webdataset's ``shardlists``.
+* IterableDataset: ``torch.utils.data.DataLoader`` treats a dataset as iterable only if it is an
+  instance of ``torch.utils.data.IterableDataset``. That class is an ABC, so instead of
+  subclassing it (which would import torch whenever wds_cloud's pipeline classes are imported),
+  :func:`register_torch_datasets` registers ``pipeline.DataPipeline``, the shard lists and the
+  mixers as virtual subclasses. :class:`DataPipeline` (the public ``wds_cloud.DataPipeline``),
+  ``WebDataset``, ``WebLoader`` and ``ResampledShards`` call it when constructed: the first
+  construction imports torch if it is installed; ``import wds_cloud`` never does.
+* :class:`WebLoader` is webdataset's: a pipeline (with the fluid methods) whose source is a
+  ``DataLoader``. Before each pass over the DataLoader it calls ``set_epoch(epoch)`` on the
+  dataset, so workers started afresh each epoch (``persistent_workers=False``) see the epoch.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from . import pipeline, shards
+from .errors import ConfigError, MissingDependencyError
+from .fluid import FluidInterface
+from .settings import Settings
+from .shards import (
+    SimpleShardList,
+    WorkerInfo,
+    WorkerInfoSource,
+    derive_seed,
+    non_empty,
+    shardspec,
+)
+
+__all__ = [
+    "DataPipeline",
+    "ResampledShards",
+    "SimpleShardList",
+    "WebLoader",
+    "WorkerInfo",
+    "derive_seed",
+    "non_empty",
+    "register_torch_datasets",
+    "resampled",
+    "set_epoch",
+    "shardspec",
+    "single_node_only",
+    "split_by_node",
+    "split_by_worker",
+    "worker_info",
+]
+
+T = TypeVar("T")
+
+
+def _node_from_torch(group: object) -> tuple[int, int]:
+    if "torch" not in sys.modules or sys.modules["torch"] is None:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    group = group if group is not None else dist.group.WORLD
+    return dist.get_rank(group=group), dist.get_world_size(group=group)  # type: ignore[arg-type]
+
+
+def _worker_from_torch() -> tuple[int, int, int | None]:
+    if "torch" not in sys.modules or sys.modules["torch"] is None:
+        return 0, 1, None
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is None:
+        return 0, 1, None
+    return info.id, info.num_workers, info.seed
+
+
+def worker_info(settings: Settings | None = None, *, group: object = None) -> WorkerInfo:
+    """Where this code runs: rank/world size, DataLoader worker/count and torch's worker seed.
+
+    Rank and world size come from ``RANK``/``WORLD_SIZE`` when both are set, else from
+    ``torch.distributed`` (process ``group``, default WORLD) when initialized, else 0/1. Worker
+    and count come from ``WORKER``/``NUM_WORKERS`` when both are set, else from the DataLoader.
+    ``settings`` defaults to ``Settings.from_env()``.
+    """
+    s = Settings.from_env() if settings is None else settings
+    if s.rank is not None and s.world_size is not None:
+        rank, world_size = s.rank, s.world_size
+    else:
+        rank, world_size = _node_from_torch(group)
+    worker, num_workers, seed = _worker_from_torch()
+    if s.worker is not None and s.num_workers is not None:
+        worker, num_workers = s.worker, s.num_workers
+    return WorkerInfo(rank, world_size, worker, num_workers, seed)
+
+
+def _source(worker_info_arg: WorkerInfoSource, group: object = None) -> WorkerInfoSource:
+    if worker_info_arg is not None:
+        if group is not None:
+            raise ConfigError("give a process group or worker_info=, not both")
+        return worker_info_arg
+    if group is None:
+        return worker_info
+    return functools.partial(worker_info, group=group)
+
+
+def split_by_node(
+    src: Iterable[T], group: object = None, *, worker_info: WorkerInfoSource = None
+) -> Iterator[T]:
+    """Keep every ``world_size``-th item starting at this node's rank (see :func:`worker_info`)."""
+    return shards.split_by_node(src, worker_info=_source(worker_info, group))
+
+
+def split_by_worker(src: Iterable[T], *, worker_info: WorkerInfoSource = None) -> Iterator[T]:
+    """Keep every ``num_workers``-th item starting at this DataLoader worker's id."""
+    return shards.split_by_worker(src, worker_info=_source(worker_info))
+
+
+def single_node_only(
+    src: Iterable[T], group: object = None, *, worker_info: WorkerInfoSource = None
+) -> Iterator[T]:
+    """Pass items through; raise ConfigError when running on more than one node."""
+    return shards.single_node_only(src, worker_info=_source(worker_info, group))
+
+
+def resampled(
+    n: int = sys.maxsize, *, seed: int | None = None, worker_info: WorkerInfoSource = None
+) -> pipeline.stage:
+    """Stage: collect the input, then yield ``n`` items drawn with replacement.
+
+    See :func:`wds_cloud.shards.resampled`; the worker comes from :func:`worker_info`.
+    """
+    return shards.resampled(n, seed=seed, worker_info=_source(worker_info))
+
+
+@functools.cache
+def register_torch_datasets() -> bool:
+    """Make wds_cloud's datasets ``torch.utils.data.IterableDataset`` instances (if installed).
+
+    Registers them as virtual subclasses of the ABC; returns whether torch is installed.
+    Idempotent; imports torch on the first call.
+    """
+    try:
+        from torch.utils.data import IterableDataset
+    except ImportError:
+        return False
+    from . import mix
+
+    for cls in (
+        pipeline.DataPipeline, shards.SimpleShardList, shards.ResampledShards,
+        mix.RandomMix, mix.RoundRobin,
+    ):
+        IterableDataset.register(cls)
+    return True
+
+
+class DataPipeline(pipeline.DataPipeline):
+    """webdataset's ``DataPipeline``: a torch ``IterableDataset`` whenever torch is installed.
+
+    Same as :class:`wds_cloud.pipeline.DataPipeline` (which torch-free code should use), except
+    that constructing it first calls :func:`register_torch_datasets`.
+    """
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        register_torch_datasets()
+        super().__init__(*args, **kw)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Tell each stage that keeps epochs (shard lists, shuffles) that the next is ``epoch``."""
+        for stage in self.pipeline:
+            set_epoch(stage, epoch)
+
+
+class ResampledShards(shards.ResampledShards):
+    """:class:`wds_cloud.shards.ResampledShards` with the rank and worker from :func:`worker_info`.
+
+    The stream is different for each rank, worker and epoch; see :mod:`wds_cloud.shards` for
+    how epochs survive DataLoader workers that are restarted every epoch.
+    """
+
+    def __init__(
+        self,
+        urls: str | Iterable[str],
+        nshards: int = sys.maxsize,
+        seed: int = 0,
+        worker_seed: Callable[[], int] | None = None,
+        deterministic: bool = False,
+        max_urls: int = int(1e6),
+        empty_check: bool = True,
+        *,
+        worker_info: WorkerInfoSource = None,
+    ) -> None:
+        register_torch_datasets()
+        super().__init__(
+            urls, nshards, seed, worker_seed, deterministic, max_urls, empty_check,
+            worker_info=_source(worker_info),
+        )
+
+
+def set_epoch(obj: object, epoch: int) -> None:
+    """Tell ``obj`` (a dataset, pipeline or stage) that the next iteration is epoch ``epoch``.
+
+    Calls ``obj.set_epoch`` if it has one; otherwise walks a pipeline's stages and tells each.
+    webdataset's ``detshuffle`` stage (which counts epochs itself) is set so that its next run
+    is ``epoch``.
+    """
+    method = getattr(obj, "set_epoch", None)
+    if callable(method):
+        method(epoch)
+        return
+    from .filters import detshuffle
+
+    if isinstance(obj, detshuffle):
+        obj.epoch = epoch - 1
+        return
+    stages = getattr(obj, "pipeline", None)
+    if isinstance(obj, pipeline.DataPipeline) and isinstance(stages, list):
+        for stage in stages:
+            set_epoch(stage, epoch)
+
+
+class _EpochedLoader:
+    """A DataLoader as a pipeline source: each pass first sets the dataset's epoch."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        set_epoch(self.loader.dataset, self.epoch)
+        self.epoch += 1
+        return iter(self.loader)
+
+
+class WebLoader(DataPipeline, FluidInterface):
+    """``torch.utils.data.DataLoader(*args, **kw)`` with webdataset's fluid methods.
+
+    As in webdataset, this is a pipeline whose source is the DataLoader, so
+    ``loader.unbatched().shuffle(1000).batched(64)`` re-batches in the main process. Each
+    pass over the DataLoader is an epoch: before its workers start, ``set_epoch(epoch)`` is
+    called on the dataset (see :func:`set_epoch`), counting from 0 (or from the value given to
+    :meth:`set_epoch`). ``.dataloader`` is the wrapped DataLoader.
+    """
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        if not register_torch_datasets():
+            raise MissingDependencyError("WebLoader", "torch", "torch")
+        from torch.utils.data import DataLoader
+
+        super().__init__(_EpochedLoader(DataLoader(*args, **kw)))
+
+    @property
+    def dataloader(self) -> Any:
+        """The wrapped ``torch.utils.data.DataLoader``."""
+        return self._epoched.loader
+
+    @property
+    def _epoched(self) -> _EpochedLoader:
+        source: _EpochedLoader = self.pipeline[0]
+        return source
+
+    def set_epoch(self, epoch: int) -> None:
+        """Number the next pass over the DataLoader ``epoch`` (e.g. when resuming)."""
+        self._epoched.epoch = int(epoch)
