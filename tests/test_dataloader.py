@@ -13,13 +13,11 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-import pytest
+import torch
+import webdataset
+from torch.utils.data import DataLoader, IterableDataset
 
-torch = pytest.importorskip("torch")
-import webdataset  # noqa: E402
-from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
-
-import wds_cloud as wds  # noqa: E402
+import wds_cloud as wds
 
 URLS = [f"shard-{i:03d}.tar" for i in range(50)]
 

@@ -17,14 +17,11 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import PIL.Image as PIL
 import pytest
+import webdataset
 
-torch = pytest.importorskip("torch")
-PIL = pytest.importorskip("PIL.Image")
-
-import webdataset  # noqa: E402
-
-import wds_cloud  # noqa: E402
+import wds_cloud
 
 NSHARDS, PER_SHARD = 8, 6
 
@@ -186,9 +183,6 @@ def test_resampled_script_same_shapes_and_sample_universe(urls: list[str]) -> No
 
 def test_plain_datapipeline_in_a_torch_dataloader(urls: list[str]) -> None:
     """``wds.DataPipeline`` must be a torch IterableDataset in a fresh process, as webdataset's."""
-    if wds_cloud._EXPORTS["DataPipeline"] != "pytorch":
-        pytest.skip("integration pending: _EXPORTS must map DataPipeline to pytorch (the "
-                    "torch-registering subclass), not to the torch-free pipeline module")
     code = (
         "import torch.utils.data as d\n"
         "import wds_cloud as wds\n"

@@ -9,8 +9,9 @@ import pytest
 
 LOWER_LAYERS = [
     "errors", "settings", "urls", "handlers",           # L0
-    "openers", "gopen",                                  # L1
-    "tario", "pipeline", "filters", "mix", "shards", "decode", "records",  # L2
+    "openers", "router",                                 # L1
+    "tario", "tarformat", "pipeline", "filters", "batching", "keys", "mix", "shards",
+    "autodecode", "typedecode", "imagedecode", "tenbin", "records",  # L2
 ]
 
 
@@ -41,3 +42,13 @@ def test_all_exports_resolve() -> None:
                "print(missing)")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_no_module_shadows_a_public_name() -> None:
+    """Importing ``wds_cloud.X`` sets attribute ``X``: a module named like an export hides it."""
+    import pkgutil
+
+    import wds_cloud
+
+    modules = {m.name for m in pkgutil.iter_modules(wds_cloud.__path__)}
+    assert modules & set(wds_cloud.__all__) == set()

@@ -13,7 +13,7 @@ import pytest
 import wds_cloud as wds
 from wds_cloud import openers
 from wds_cloud.errors import ConfigError, OpenError, PipeError, ShardNotFoundError
-from wds_cloud.gopen import gopen, gopen_schemes, resolve_url
+from wds_cloud.router import gopen, gopen_schemes, resolve_url
 from wds_cloud.settings import Settings
 
 

@@ -242,7 +242,7 @@ def test_repeatedly_uses_the_given_batchsize() -> None:
 
 
 def test_torch_subclass_runs_in_dataloader_workers() -> None:
-    torch_data = pytest.importorskip("torch.utils.data")
+    import torch.utils.data as torch_data
 
     class TorchPipeline(DataPipeline, torch_data.IterableDataset):  # type: ignore[misc]
         pass

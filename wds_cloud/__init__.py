@@ -35,8 +35,8 @@ _EXPORTS: dict[str, str] = {
     "Opener": "openers",
     "register_opener": "openers",
     "registered_schemes": "openers",
-    "gopen": "gopen",
-    "gopen_schemes": "gopen",
+    "gopen": "router",
+    "gopen_schemes": "router",
     # handlers
     "ignore_and_continue": "handlers",
     "ignore_and_stop": "handlers",
@@ -44,24 +44,26 @@ _EXPORTS: dict[str, str] = {
     "warn_and_continue": "handlers",
     "warn_and_stop": "handlers",
     # decoding
-    "Continue": "decode",
-    "Decoder": "decode",
-    "DecodingError": "decode",
-    "gzfilter": "decode",
-    "handle_extension": "decode",
-    "imagehandler": "decode",
-    "pytorch_weights_only": "decode",
-    "torch_audio": "decode",
-    "torch_loads": "decode",
-    "torch_video": "decode",
+    "Continue": "autodecode",
+    "Decoder": "autodecode",
+    "DecodingError": "autodecode",
+    "gzfilter": "autodecode",
+    "handle_extension": "autodecode",
+    "imagehandler": "autodecode",
+    "pytorch_weights_only": "autodecode",
+    "torch_audio": "autodecode",
+    "torch_loads": "autodecode",
+    "torch_video": "autodecode",
     # pipeline and stages
-    "DataPipeline": "pipeline",
+    "DataPipeline": "pytorch",
+    "MockDataset": "pipeline",
     "PipelineStage": "pipeline",
     "pipelinefilter": "pipeline",
     "repeatedly": "pipeline",
     "stage": "pipeline",
     "with_epoch": "pipeline",
     "with_length": "pipeline",
+    "Cached": "filters",
     "associate": "filters",
     "batched": "filters",
     "compose": "filters",
@@ -103,9 +105,10 @@ _EXPORTS: dict[str, str] = {
     "tarfile_samples": "compat",
     "tarfile_to_samples": "compat",
     "url_opener": "compat",
-    "cbors_to_samples": "records",
-    "msgpacks_to_samples": "records",
+    "cbors_to_samples": "compat",
+    "msgpacks_to_samples": "compat",
     # writing
+    "EncodingError": "encode",
     "ShardWriter": "writer",
     "TarWriter": "writer",
     "numpy_dumps": "writer",
@@ -117,11 +120,17 @@ _EXPORTS: dict[str, str] = {
     "WebLoader": "pytorch",
 }
 
-# webdataset's module names, so ``wds.autodecode.ImageHandler`` style code keeps working
+# webdataset's module names, so ``wds.autodecode.ImageHandler`` style code keeps working.
+# (No module may share a name with a public function: importing it would shadow the function.)
 _MODULE_ALIASES: dict[str, str] = {
-    "autodecode": "decode",
-    "shardlists": "shards",
+    "autodecode": "autodecode",
+    "filters": "filters",
+    "handlers": "handlers",
+    "mix": "mix",
+    "shardlists": "pytorch",
     "tariterators": "compat",
+    "tenbin": "tenbin",
+    "writer": "writer",
 }
 
 __all__ = sorted(_EXPORTS)

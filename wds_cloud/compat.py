@@ -1,7 +1,7 @@
 """webdataset's ``WebDataset`` and ``FluidWrapper``, and the tar functions bound to gopen.
 
 This is the composition root: it binds the layer-2 functions (which take an ``open_stream``
-argument) to :func:`wds_cloud.gopen.gopen`, and the shard splitters to
+argument) to :func:`wds_cloud.router.gopen`, and the shard splitters to
 :func:`wds_cloud.pytorch.worker_info`. It imports torch only when a dataset is constructed (see
 :mod:`wds_cloud.pytorch`), and only if torch is installed.
 
@@ -35,7 +35,6 @@ from urllib.parse import urlparse
 from . import filters, pipeline, shards, tario
 from .errors import ConfigError
 from .fluid import FluidInterface
-from .gopen import gopen
 from .handlers import Handler, reraise_exception
 from .pipeline import pipelinefilter
 from .pytorch import (
@@ -45,6 +44,7 @@ from .pytorch import (
     split_by_worker,
     worker_info,
 )
+from .router import gopen
 from .settings import Settings
 
 # re-exported: webdataset code reaches them as ``wds.tariterators.*``

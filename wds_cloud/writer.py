@@ -231,7 +231,7 @@ class TarWriter:
         kind = _compression(fileobj, compress)
         self.own_fileobj: IO[bytes] | None = None
         if isinstance(fileobj, (str, os.PathLike)):
-            from .gopen import gopen
+            from .router import gopen
 
             self.name = os.fspath(fileobj)
             self.own_fileobj = gopen(self.name, "wb")
