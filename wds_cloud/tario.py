@@ -13,15 +13,19 @@ a :class:`~wds_cloud.errors.ShardFormatError`.
 
 Handler protocol, as in webdataset: an exception goes to ``handler(exn)``, which raises it, or
 returns True (go on) or False (stop the whole iteration quietly). What "go on" skips depends on
-what failed: a shard that cannot be opened or read (truncated, corrupt) is skipped from the
-failure on (its samples before the failure are still yielded, the sample in progress included,
-as webdataset does, but never merged with the next shard's); a ``rename_files``/
-``select_files`` hook that raises, or a duplicate suffix, drops that one member
-(``rename_files`` returning None drops it quietly). Handlers see an error naming the shard: ours
-carry ``url`` (redacted), others are wrapped (``OSError`` in :class:`~wds_cloud.errors.OpenError`,
-anything else in :class:`~wds_cloud.errors.ShardFormatError`, chained with ``from``); their
-``args`` are never patched. Streams opened here are closed when their shard is done, on error
-and when the consumer stops early.
+what failed:
+
+- a shard that cannot be opened or read (truncated, corrupt) is skipped from the failure on. Its
+  samples completed before the failure are still yielded; the sample in progress is dropped,
+  since members of it may be lost (webdataset passes it on);
+- a ``rename_files``/``select_files`` hook that raises, or a duplicate suffix, drops that one
+  member (``rename_files`` returning None drops it quietly).
+
+Handlers see an error naming the shard: ours carry ``url`` (redacted); others are wrapped
+(``OSError`` in :class:`~wds_cloud.errors.OpenError`, anything else in
+:class:`~wds_cloud.errors.ShardFormatError`, chained with ``from``); ``args`` are never
+patched. Streams opened here are closed when their shard is done, on error and when the
+consumer stops early.
 """
 
 from __future__ import annotations
@@ -198,14 +202,26 @@ def _hooks(
         return None, bool(handler(_hook_error(exn, url, name, hook)))
 
 
-def _batches(stream: BinaryIO, url: str, handler: Handler, outcome: list[bool]
+class _Outcome:
+    """How a shard ended: ``go_on`` is False when the handler said stop; ``damaged`` when a
+    read or format error cut the shard short."""
+
+    __slots__ = ("damaged", "go_on")
+
+    def __init__(self) -> None:
+        self.go_on = True
+        self.damaged = False
+
+
+def _batches(stream: BinaryIO, url: str, handler: Handler, outcome: _Outcome
              ) -> Iterator[list[tuple[str, bytes]]]:
     """The shard's member batches; a read error goes to ``handler``, whose answer (go on to
-    the next shard, or stop) is stored in ``outcome[0]``."""
+    the next shard, or stop) is stored in ``outcome``."""
     try:
         yield from iter_member_batches(stream, url=url)
     except Exception as exn:
-        outcome[0] = bool(handler(_read_error(exn, url)))
+        outcome.damaged = True
+        outcome.go_on = bool(handler(_read_error(exn, url)))
 
 
 def _members(
@@ -214,7 +230,7 @@ def _members(
 ) -> Generator[tuple[str, bytes], None, bool]:
     """The selected members of one shard; returns False when the handler says stop."""
     hooks = select_files is not None or rename_files is not None
-    outcome = [True]
+    outcome = _Outcome()
     for batch in _batches(stream, url, handler, outcome):
         for name, data in batch:
             if _is_meta(name, skip_meta):
@@ -227,7 +243,7 @@ def _members(
                     continue
                 name = new
             yield name, data
-    return outcome[0]
+    return outcome.go_on
 
 
 def _stream_label(fileobj: Any) -> str:
@@ -376,15 +392,15 @@ def _shard_samples(
     hooks = select_files is not None or rename_files is not None
     current: Sample = {}
     key: str | None = None
-    outcome = [True]
+    outcome = _Outcome()
     for batch in _batches(stream, url, handler, outcome):
         for name, data in batch:
             if name.startswith("__") and _is_meta(name, _META):
                 continue
             if hooks:
-                new, outcome[0] = _hooks(name, url, handler, select_files, rename_files)
+                new, outcome.go_on = _hooks(name, url, handler, select_files, rename_files)
                 if new is None:
-                    if outcome[0]:
+                    if outcome.go_on:
                         continue
                     break
                 name = new
@@ -399,20 +415,22 @@ def _shard_samples(
                 prefix, suffix = split
             suffix = suffix.lower()
             if prefix != key:
-                if current and ("__bad__" not in current or not current["__bad__"]):
+                if valid_sample(current):
                     yield current
                 key = prefix
                 current = {"__key__": prefix, "__url__": url}
                 if local_path is not None:
                     current["__local_path__"] = local_path
             if suffix in current:
-                outcome[0] = bool(handler(_duplicate(url, name, suffix, prefix)))
-                if outcome[0]:
+                outcome.go_on = bool(handler(_duplicate(url, name, suffix, prefix)))
+                if outcome.go_on:
                     continue
                 break
             current[suffix] = data
-        if not outcome[0]:
+        if not outcome.go_on:
             break
-    if current and ("__bad__" not in current or not current["__bad__"]):
+    # A sample still open when damage cut the shard short may lack members that were lost:
+    # unlike webdataset, it is dropped rather than passed on as if complete.
+    if not outcome.damaged and valid_sample(current):
         yield current
-    return outcome[0]
+    return outcome.go_on
