@@ -24,8 +24,6 @@ not buffered yet are read from the stream directly.
 from __future__ import annotations
 
 import bisect
-import bz2
-import lzma
 import re
 import zlib
 from collections.abc import Callable, Iterator
@@ -34,6 +32,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .errors import ShardFormatError
+from .tarcompress import CHUNK_SIZE, tar_source
 from .urls import redact
 
 __all__ = [
@@ -48,7 +47,6 @@ __all__ = [
 ]
 
 BLOCK = 512
-CHUNK_SIZE = 1 << 20  # bytes read ahead at a time
 DIRECT_MIN = 1 << 18  # members at least this large are read from the stream directly
 MAX_EXTENDED = 16 << 20  # limit for the data of a long-name or pax header
 _READ_PIECE = 16 << 20  # never ask a stream for more at once (a bogus size must not allocate)
@@ -67,9 +65,6 @@ _PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
 _END = object()
 _BAD_CHECKSUM = "bad tar header checksum: this is not a tar archive, or it is corrupt here"
 
-_GZIP_MAGIC = b"\x1f\x8b\x08"
-_XZ_MAGIC = b"\xfd7zXZ\x00"
-_BZ2_MAGIC = re.compile(rb"BZh[1-9](?:1AY&SY|\x17rE8P\x90)")
 
 
 def parse_number(field: bytes) -> int:
@@ -160,101 +155,6 @@ def _header_name(header: bytes) -> str:
 
 def _padded(size: int) -> int:
     return (size + BLOCK - 1) & -BLOCK
-
-
-class _Decompressed:
-    """``read(n)`` over the decompressed bytes of a gzip/bzip2/xz stream (members concatenated)."""
-
-    def __init__(self, read: Callable[[int], bytes], head: bytes, kind: str, url: str) -> None:
-        self._read, self._input, self.kind, self._url = read, head, kind, url
-        self._dec = self._new()
-        self.produced = 0  # uncompressed bytes handed out, for error offsets
-
-    def _new(self) -> Any:
-        if self.kind == "gzip":
-            return zlib.decompressobj(wbits=31)
-        return bz2.BZ2Decompressor() if self.kind == "bzip2" else lzma.LZMADecompressor()
-
-    def _error(self, what: str) -> ShardFormatError:
-        return ShardFormatError(
-            f"{what}; the {self.kind}-compressed shard is damaged or truncated: re-create or "
-            f"re-download it", url=redact(self._url), offset=self.produced,
-        )
-
-    def _more_input(self, need: int) -> bool:
-        """Read until ``self._input`` holds ``need`` bytes; False at end of stream."""
-        while len(self._input) < need:
-            data = self._read(CHUNK_SIZE)
-            if not data:
-                return False
-            self._input += data
-        return True
-
-    def _next_member(self) -> bool:
-        """After a member's end: start the next one; False at a clean end of stream."""
-        self._input = self._dec.unused_data + self._input
-        while True:
-            self._input = self._input.lstrip(b"\0")  # zero padding between members is allowed
-            if self._input or not self._more_input(1):
-                break
-        if not self._input:
-            return False
-        self._more_input(6)
-        if not (self._input.startswith(_GZIP_MAGIC) if self.kind == "gzip"
-                else self._input.startswith(_XZ_MAGIC) if self.kind == "xz"
-                else _BZ2_MAGIC.match(self._input)):
-            raise self._error(f"trailing garbage after the {self.kind} data")
-        self._dec = self._new()
-        return True
-
-    def read(self, n: int) -> bytes:
-        """Up to ``n`` decompressed bytes; ``b""`` only at the end of the stream."""
-        if n <= 0:
-            return b""
-        while True:
-            if self._dec.eof:
-                if not self._next_member():
-                    return b""
-                continue
-            # bz2/lzma buffer their input: feed more only when they ask for it
-            if self._input or not getattr(self._dec, "needs_input", True) or self._more_input(1):
-                out = self._decompress(self._input, n)
-            else:
-                out = self._decompress(b"", n)  # end of input: whatever is still pending
-                if not out:
-                    raise self._error(f"the {self.kind} stream ends early")
-            if out:
-                self.produced += len(out)
-                return out
-
-    def _decompress(self, data: bytes, n: int) -> bytes:
-        try:
-            out: bytes = self._dec.decompress(data, n)
-        except (zlib.error, lzma.LZMAError, OSError, EOFError) as exc:
-            raise self._error(f"corrupt {self.kind} data ({exc})") from exc
-        # after the end of a member, the rest of the input is in unused_data (only)
-        self._input = b"" if self._dec.eof else getattr(self._dec, "unconsumed_tail", b"")
-        return out
-
-
-def _source(stream: BinaryIO, url: str) -> tuple[Callable[[int], bytes], bytes]:
-    """``(read, first_bytes)`` for the tar bytes of ``stream``, decompressing when needed."""
-    read = stream.read
-    head = read(CHUNK_SIZE)
-    if not isinstance(head, (bytes, bytearray)):
-        raise TypeError(f"the stream of {redact(url)!r} returned {type(head).__name__}, not "
-                        f"bytes: open shards in binary mode ('rb')")
-    while head and len(head) < 10:
-        more = read(CHUNK_SIZE)
-        if not more:
-            break
-        head += more
-    head = head if type(head) is bytes else bytes(head)  # data handed out must be bytes
-    kind = ("gzip" if head.startswith(_GZIP_MAGIC) else "xz" if head.startswith(_XZ_MAGIC)
-            else "bzip2" if _BZ2_MAGIC.match(head) else "")
-    if not kind:
-        return read, head
-    return _Decompressed(read, head, kind, url).read, b""
 
 
 def _fast_batch(buf: bytes, pos: int) -> tuple[list[Member], list[int], list[int], int]:
@@ -585,7 +485,7 @@ def iter_member_batches(
     closed. Raises :class:`ShardFormatError` for a truncated or corrupt archive, after yielding
     every whole member before the damage.
     """
-    read, head = _source(stream, url)
+    read, head = tar_source(stream, url)
     reader = _Reader(read, head, url, max(chunk_size, BLOCK))
     while True:
         buf = reader.buf
