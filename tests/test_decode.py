@@ -342,3 +342,29 @@ def test_fast_json_fails_like_json_loads(data: bytes) -> None:
             json_loads(data)
     else:
         assert json_loads(data) == expected or (expected != expected)
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(12).reshape(3, 4),
+    np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+    np.array(5),
+    np.zeros((0, 3)),
+    np.array([b"ab", b"c"]),
+    np.array(["x", "yz"]),
+    np.arange(6, dtype=">i4").reshape(2, 3),
+    np.zeros(3, dtype=[("a", "i4"), ("b", "f8")]),
+], ids=["int", "fortran", "0-d", "empty", "bytes", "str", "big-endian", "structured"])
+def test_npy_fast_path_matches_numpy_load(array: np.ndarray) -> None:
+    from wds_cloud.typedecode import npy_loads
+
+    for version in ((1, 0), (2, 0)):
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, array, version=version)
+        for _ in range(2):  # the second read takes the cached header
+            ours, theirs = npy_loads(buf.getvalue()), np.load(io.BytesIO(buf.getvalue()))
+            assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+            assert np.array_equal(ours, theirs)
+            assert ours.flags.writeable and ours.flags.f_contiguous == theirs.flags.f_contiguous
+    if array.size:
+        with pytest.raises(ValueError, match="expected"):
+            npy_loads(buf.getvalue()[:-1])

@@ -18,7 +18,7 @@ import pickle
 import tempfile
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -138,9 +138,56 @@ def json_loads(data: bytes) -> Any:
     return obj
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+# dtype, shape, order, offset of the data, item count
+_NpyLayout = tuple[Any, tuple[int, ...], Literal["C", "F"], int, int]
+_NPY_HEADERS: dict[bytes, _NpyLayout] = {}  # header bytes -> layout
+_NPY_HEADERS_MAX = 1024
+
+
+def _npy_layout(data: bytes) -> _NpyLayout | None:
+    """``(dtype, shape, order, offset, count)`` of an ``.npy`` blob, cached by its header.
+
+    Arrays of one dataset share a few headers; numpy parses each with ``ast.literal_eval``,
+    which costs far more than the copy of a small array. Object arrays give ``None``.
+    """
+    if not data.startswith(_NPY_MAGIC) or len(data) < 10:
+        return None
+    width = 2 if data[6] == 1 else 4
+    end = 8 + width + int.from_bytes(data[8:8 + width], "little")
+    header = data[:end]
+    cached = _NPY_HEADERS.get(header)
+    if cached is not None:
+        return cached
+    stream = io.BytesIO(data)
+    version = np.lib.format.read_magic(stream)
+    if version not in ((1, 0), (2, 0)):
+        return None
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(stream)
+    if dtype.hasobject or stream.tell() != end:
+        return None
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    layout: _NpyLayout = (dtype, shape, "F" if fortran else "C", end, count)
+    if len(_NPY_HEADERS) < _NPY_HEADERS_MAX:
+        _NPY_HEADERS[header] = layout
+    return layout
+
+
 def npy_loads(data: bytes) -> Any:
-    """Decode ``.npy`` bytes (object arrays refused, as ``numpy.load`` does by default)."""
-    return np.lib.format.read_array(io.BytesIO(data))
+    """Decode ``.npy`` bytes (object arrays refused, as ``numpy.load`` does by default).
+
+    The result is a writable array of its own, like ``numpy.load``'s.
+    """
+    layout = _npy_layout(data)
+    if layout is None:
+        return np.lib.format.read_array(io.BytesIO(data))
+    dtype, shape, order, offset, count = layout
+    if len(data) - offset < count * dtype.itemsize:
+        return np.lib.format.read_array(io.BytesIO(data))  # numpy's own error for short data
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    return flat.reshape(shape, order=order).copy(order="K")
 
 
 def npz_loads(data: bytes) -> dict[str, Any]:
