@@ -192,3 +192,10 @@ def test_ais_without_endpoint_is_config_error() -> None:
 
 def test_open_error_is_oserror() -> None:
     assert issubclass(OpenError, OSError) and issubclass(ShardNotFoundError, FileNotFoundError)
+
+
+def test_writing_into_a_missing_directory_says_so(tmp_path: Path) -> None:
+    target = str(tmp_path / "no" / "such" / "dir" / "a.tar")
+    with pytest.raises(OpenError, match="directory does not exist") as info:
+        gopen(target, "wb")
+    assert not isinstance(info.value, ShardNotFoundError) and info.value.url == target

@@ -130,6 +130,7 @@ _MODULE_ALIASES: dict[str, str] = {
     "shardlists": "pytorch",
     "tariterators": "compat",
     "tenbin": "tenbin",
+    "urls": "urls",
     "writer": "writer",
 }
 

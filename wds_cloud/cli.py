@@ -140,6 +140,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
         if not dot:
             continue
         groups.setdefault(f"{directory}/{key}" if directory else key, {})[suffix] = path
+    if wds.urls.split_scheme(args.pattern)[0] == "":
+        Path(args.pattern).parent.mkdir(parents=True, exist_ok=True)
     progress = Progress("packing", enabled=not args.quiet)
     with wds.ShardWriter(args.pattern, maxcount=args.maxcount, maxsize=args.maxsize) as sink:
         for key, members in groups.items():

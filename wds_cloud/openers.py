@@ -68,17 +68,21 @@ class LocalOpener:
         bufsize = options.pop("bufsize", -1)
         if options:
             raise ConfigError(f"options {sorted(options)} are not used when opening local {url!r}")
+        writing = "w" in mode
         try:
-            if "w" in mode:
-                return cast(BinaryIO, open(path, mode, buffering=bufsize))
-            stream = open(path, mode, buffering=bufsize)  # noqa: SIM115
+            stream = open(path, mode, buffering=bufsize)  # noqa: SIM115 (the caller closes it)
         except FileNotFoundError as exc:
+            if writing:
+                raise OpenError(f"cannot create {path!r}: its directory does not exist",
+                                url=url) from exc
             raise ShardNotFoundError(f"no such file: {path!r}", url=url) from exc
         except PermissionError as exc:
-            raise AccessDeniedError(f"permission denied reading {path!r}", url=url) from exc
+            doing = "writing" if writing else "reading"
+            raise AccessDeniedError(f"permission denied {doing} {path!r}", url=url) from exc
         except IsADirectoryError as exc:
             raise OpenError(f"{path!r} is a directory, not a shard", url=url) from exc
-        stream.local_path = os.path.abspath(path)  # type: ignore[attr-defined]
+        if not writing:
+            stream.local_path = os.path.abspath(path)  # type: ignore[attr-defined]
         return cast(BinaryIO, stream)
 
 
