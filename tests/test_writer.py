@@ -28,7 +28,7 @@ from wds_cloud.encode import EncodingError
 from wds_cloud.errors import ConfigError
 from wds_cloud.writer import ShardWriter, TarWriter
 
-GNU_TAR = shutil.which("tar")
+GNU_TAR = shutil.which("tar") or "tar"  # a missing tar fails the tests that need it
 
 
 def _raw_samples(n: int = 12) -> list[dict[str, Any]]:
@@ -79,7 +79,6 @@ def test_tarfile_sees_sorted_reproducible_members(tmp_path: Path) -> None:
     assert os.path.getsize(tmp_path / "a.tar") % 10240 == 0
 
 
-@pytest.mark.skipif(GNU_TAR is None, reason="GNU tar is not installed")
 @pytest.mark.parametrize("fmt", [None, "pax", "gnu"])
 def test_gnu_tar_lists_and_extracts(tmp_path: Path, fmt: str | None) -> None:
     samples = [
