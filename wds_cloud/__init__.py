@@ -46,7 +46,7 @@ _EXPORTS: dict[str, str] = {
     # decoding
     "Continue": "autodecode",
     "Decoder": "autodecode",
-    "DecodingError": "autodecode",
+    "DecodingError": "errors",
     "gzfilter": "autodecode",
     "handle_extension": "autodecode",
     "imagehandler": "autodecode",
@@ -108,7 +108,7 @@ _EXPORTS: dict[str, str] = {
     "cbors_to_samples": "compat",
     "msgpacks_to_samples": "compat",
     # writing
-    "EncodingError": "encode",
+    "EncodingError": "errors",
     "ShardWriter": "writer",
     "TarWriter": "writer",
     "numpy_dumps": "writer",

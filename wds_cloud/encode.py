@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, MissingDependencyError, WdsCloudError
+from .errors import ConfigError, EncodingError, MissingDependencyError
 
 __all__ = [
     "EncodingError",
@@ -55,10 +55,6 @@ _IMAGE_FORMATS: dict[str, tuple[str, str | None]] = {
     "JPG": ("JPEG", None), "JPEG": ("JPEG", None), "IMG": ("PPM", None), "IMAGE": ("PPM", None),
     "PBM": ("PPM", "1"), "PGM": ("PPM", "L"), "PNM": ("PPM", None), "TIF": ("TIFF", None),
 }
-
-
-class EncodingError(WdsCloudError, ValueError):
-    """A field of a sample could not be turned into bytes."""
 
 
 def _import(module: str, what: str, package: str, extra: str) -> Any:

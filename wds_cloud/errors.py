@@ -13,7 +13,9 @@ or ``except ValueError`` keeps working::
     │   ├── AccessDeniedError(PermissionError)
     │   └── PipeError                           .command, .returncode, stderr tail
     ├── CacheError(OSError) ── CacheValidationError
-    └── ShardFormatError(ValueError)            .url, .member, .offset
+    ├── ShardFormatError(ValueError)            .url, .member, .offset
+    ├── DecodingError(ValueError)               .url, .key, .k (field), .sample
+    └── EncodingError(ValueError)               a field that cannot be turned into bytes
 
 Messages say what went wrong, why, and how to fix it. URLs are shown through
 :func:`wds_cloud.urls.redact` so signed query strings and keys never reach a message.
@@ -23,12 +25,16 @@ Chain with ``raise ... from exc``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
+from typing import Any
 
 __all__ = [
     "AccessDeniedError",
     "CacheError",
     "CacheValidationError",
     "ConfigError",
+    "DecodingError",
+    "EncodingError",
     "MissingDependencyError",
     "OpenError",
     "PipeError",
@@ -149,3 +155,29 @@ class ShardFormatError(WdsCloudError, ValueError):
         if offset is not None:
             where.append(f"offset={offset}")
         super().__init__(f"{message} ({', '.join(where)})" if where else message)
+
+
+class DecodingError(WdsCloudError, ValueError):
+    """A field could not be decoded; ``url``, ``key``, ``k`` (the field) and ``sample`` say where.
+
+    Positional arguments are webdataset's (``DecodingError(url, key, k, sample)``).
+    """
+
+    def __init__(
+        self, url: str | None = None, key: str | None = None, k: str | None = None,
+        sample: dict[str, Any] | None = None, *, reason: str = "",
+    ) -> None:
+        from .urls import redact  # urls imports this module
+
+        self.url, self.key, self.k, self.sample, self.reason = url, key, k, sample, reason
+        where = f"field {k!r} of sample {key!r}" if k is not None else f"sample {key!r}"
+        if url is not None:
+            where += f" from {redact(str(url))!r}"
+        super().__init__(f"cannot decode {where}: {reason}" if reason else f"cannot decode {where}")
+
+    def __reduce__(self) -> Any:
+        return (partial(DecodingError, reason=self.reason), (self.url, self.key, self.k))
+
+
+class EncodingError(WdsCloudError, ValueError):
+    """A field of a sample could not be turned into bytes."""

@@ -22,9 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .errors import MissingDependencyError, WdsCloudError
+from .errors import DecodingError, MissingDependencyError
 from .settings import Settings
-from .urls import redact
 
 __all__ = [
     "DecodingError",
@@ -41,22 +40,6 @@ __all__ = [
     "torch_video",
     "unpickle_loads",
 ]
-
-class DecodingError(WdsCloudError, ValueError):
-    """A field could not be decoded; ``url``, ``key``, ``k`` and ``sample`` say where."""
-
-    def __init__(
-        self, url: str | None = None, key: str | None = None, k: str | None = None,
-        sample: dict[str, Any] | None = None, *, reason: str = "",
-    ) -> None:
-        self.url, self.key, self.k, self.sample, self.reason = url, key, k, sample, reason
-        where = f"field {k!r} of sample {key!r}" if k is not None else f"sample {key!r}"
-        if url is not None:
-            where += f" from {redact(str(url))!r}"
-        super().__init__(f"cannot decode {where}: {reason}" if reason else f"cannot decode {where}")
-
-    def __reduce__(self) -> Any:
-        return (partial(DecodingError, reason=self.reason), (self.url, self.key, self.k))
 
 
 def refusal(what: str, key: str | None) -> DecodingError:
