@@ -175,7 +175,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         directory = Path(args.dir) if args.dir else Path(tmp)
         directory.mkdir(parents=True, exist_ok=True)
         urls = make_demo_shards(directory, shards=args.shards, per_shard=args.per_shard)
-        print(f"wrote {len(urls)} shards of {args.per_shard} samples to {directory}")
+        where = directory if args.dir else f"{directory} (temporary)"
+        print(f"wrote {len(urls)} shards of {args.per_shard} samples to {where}")
         url_spec = str(directory / f"demo-{{000000..{len(urls) - 1:06d}}}.tar")
         dataset = (wds.WebDataset(url_spec, shardshuffle=False, nodesplitter=wds.split_by_node)
                    .decode().to_tuple("npy", "cls").batched(args.batch_size))
