@@ -10,7 +10,8 @@ import pytest
 LOWER_LAYERS = [
     "errors", "settings", "urls", "handlers",           # L0
     "openers", "router",                                 # L1
-    "tario", "tarformat", "tarcompress", "pipeline", "filters", "batching", "keys", "mix", "shards",
+    "tario", "tarformat", "tarheader", "tarcompress",
+    "pipeline", "filters", "batching", "keys", "mix", "shards",
     "autodecode", "typedecode", "imagedecode", "tenbin", "records",  # L2
 ]
 

@@ -24,8 +24,6 @@ not buffered yet are read from the stream directly.
 from __future__ import annotations
 
 import bisect
-import re
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
@@ -33,6 +31,16 @@ import numpy as np
 
 from .errors import ShardFormatError
 from .tarcompress import CHUNK_SIZE, tar_source
+from .tarheader import (
+    BLOCK,
+    checksum_ok,
+    first_bad_header,
+    header_name,
+    padded,
+    parse_number,
+    parse_pax,
+    pax_overrides,
+)
 from .urls import redact
 
 __all__ = [
@@ -46,11 +54,9 @@ __all__ = [
     "parse_pax",
 ]
 
-BLOCK = 512
 DIRECT_MIN = 1 << 18  # members at least this large are read from the stream directly
 MAX_EXTENDED = 16 << 20  # limit for the data of a long-name or pax header
 _READ_PIECE = 16 << 20  # never ask a stream for more at once (a bogus size must not allocate)
-_NUMPY_MIN = 8  # batches with fewer headers are checked in pure Python
 _PROBE = 32  # members parsed one by one before deciding whether to vectorize
 _DENSE_BLOCKS = 16  # vectorize when those members take at most this many blocks on average
 _OCTAL = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # weights of an 11-digit octal field
@@ -61,100 +67,9 @@ _ZERO_BLOCK = bytes(BLOCK)
 _EXTENDED = frozenset(b"LKxXg")  # GNU long name/link, pax extended/Solaris/global
 _REGULAR = frozenset(b"07\0")  # regular, contiguous, old (v7) regular
 _NO_DATA = frozenset(b"123456")  # links, devices, dirs, fifos: size ignored, as in tarfile
-_PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
 _END = object()
 _BAD_CHECKSUM = "bad tar header checksum: this is not a tar archive, or it is corrupt here"
 
-
-
-def parse_number(field: bytes) -> int:
-    """A tar numeric field: octal text (NUL/space terminated) or GNU base-256.
-
-    Raises ``ValueError`` for anything else; accepts what :mod:`tarfile` accepts.
-    """
-    if field and field[0] in (0x80, 0xFF):
-        value = int.from_bytes(field[1:], "big")
-        return value - 256 ** (len(field) - 1) if field[0] == 0xFF else value
-    nul = field.find(b"\0")
-    text = (field if nul < 0 else field[:nul]).decode("ascii").strip()
-    return int(text or "0", 8)
-
-
-def _unsigned_sum(header: bytes) -> int:
-    # adler32's low half is 1 + the byte sum mod 65521; pieces of < 257 bytes cannot wrap
-    adler = zlib.adler32
-    return (
-        (adler(header[:148]) & 0xFFFF) + (adler(header[156:404]) & 0xFFFF)
-        + (adler(header[404:BLOCK]) & 0xFFFF) - 3 + 256  # the chksum field counts as 8 spaces
-    )
-
-
-def checksum_ok(header: bytes) -> bool:
-    """Whether a 512-byte header's checksum holds (unsigned, or the signed variant)."""
-    try:
-        stored = parse_number(header[148:156])
-    except ValueError:
-        return False
-    unsigned = _unsigned_sum(header)
-    if stored == unsigned:
-        return True
-    high = sum(1 for b in header[:148] if b >= 128) + sum(1 for b in header[156:] if b >= 128)
-    return high > 0 and stored == unsigned - 256 * high
-
-
-def _first_bad_header(buf: bytes, headers: list[int]) -> int:
-    """Offset in ``buf`` of the first of the ``headers`` failing its checksum, or -1."""
-    if len(headers) < _NUMPY_MIN:
-        candidates: list[int] = headers
-    else:
-        nblocks = len(buf) // BLOCK
-        blocks = np.frombuffer(buf, np.uint8, nblocks * BLOCK).reshape(nblocks, BLOCK)
-        rows = blocks[np.array(headers, dtype=np.intp) // BLOCK]
-        total = rows.sum(axis=1, dtype=np.int32)
-        field = rows[:, 148:156].astype(np.int32)
-        total -= field.sum(axis=1)
-        digits = field[:, :6] - 48  # the usual "%06o\0" form; others are re-checked below
-        stored = digits[:, 0]
-        for i in range(1, 6):
-            stored = stored * 8 + digits[:, i]
-        usual = (field[:, 6] == 0) & ((digits >= 0) & (digits <= 7)).all(axis=1)
-        candidates = [headers[i] for i in np.flatnonzero(~usual | (total + 256 != stored))]
-    for pos in sorted(candidates):
-        if not checksum_ok(buf[pos:pos + BLOCK]):
-            return pos
-    return -1
-
-
-def parse_pax(data: bytes) -> dict[str, str]:
-    """Records ``"<len> <keyword>=<value>\\n"`` of a pax header into a dict (values decoded).
-
-    Trailing NUL padding is ignored; a malformed record raises ``ValueError``.
-    """
-    out: dict[str, str] = {}
-    pos, size = 0, len(data)
-    while pos < size and data[pos] != 0:
-        m = _PAX_RECORD.match(data, pos)
-        length = int(m.group(1)) if m else 0
-        end = pos + length
-        if m is None or end > size or end <= m.end() or data[end - 1] != 0x0A:
-            raise ValueError(f"malformed pax record at byte {pos} of the pax header")
-        key = m.group(2).decode("utf-8", "surrogateescape")
-        out[key] = data[m.end():end - 1].decode("utf-8", "surrogateescape")
-        pos = end
-    return out
-
-
-def _header_name(header: bytes) -> str:
-    nul = header.find(b"\0", 0, 100)
-    name = header[:nul if nul >= 0 else 100]
-    if header[345] and header[257:263] == b"ustar\0":  # POSIX ustar: prefix + "/" + name
-        nul = header.find(b"\0", 345, 500)
-        name = header[345:nul if nul >= 0 else 500] + b"/" + name
-    return name.decode("utf-8", "surrogateescape")
-
-
-def _padded(size: int) -> int:
-    return (size + BLOCK - 1) & -BLOCK
 
 
 def _fast_batch(buf: bytes, pos: int) -> tuple[list[Member], list[int], list[int], int]:
@@ -295,25 +210,9 @@ def _fast_extended(buf: bytes, pos: int, limit: int) -> tuple[int, str | None, i
         nul = data.find(b"\0")
         return nxt, data[:nul if nul >= 0 else size].decode("utf-8", "surrogateescape"), None
     try:
-        return (nxt, *_pax_overrides(data))
+        return (nxt, *pax_overrides(data))
     except ValueError:
         return None  # the general path reports it
-
-
-def _pax_overrides(data: bytes) -> tuple[str | None, int | None]:
-    """``(path, size)`` set by a pax header (None if not); ``ValueError`` if it is malformed or
-    describes a sparse file. Headers without such records (e.g. only times, as webdataset's
-    TarWriter writes) are not parsed at all, whichever path reads them."""
-    if b"path=" not in data and b"size=" not in data and b"GNU.sparse" not in data:
-        return None, None
-    records = parse_pax(data)
-    if any(key.startswith("GNU.sparse.") for key in records):
-        raise ValueError("GNU sparse members are not supported: re-create the shard without "
-                         "--sparse")
-    size = int(records["size"]) if "size" in records else None
-    if size is not None and size < 0:
-        raise ValueError(f"negative size {size}")
-    return records.get("path"), size
 
 
 class _Reader:
@@ -352,7 +251,7 @@ class _Reader:
 
     def take(self, size: int, member: str, header_at: int) -> bytes:
         """The next ``size`` bytes (a member's data), consuming their padding to a block."""
-        total = _padded(size)
+        total = padded(size)
         have = len(self.buf) - self.pos
         if have < total and (size < DIRECT_MIN or have >= size):
             have = self.fill(total)
@@ -421,7 +320,7 @@ class _Reader:
             value = -1
         if value < 0:
             raise self.error(f"invalid size field {header[124:136]!r} in tar header",
-                             member=_header_name(header), at=at)
+                             member=header_name(header), at=at)
         return value
 
     def step(self) -> Member | object | None:
@@ -443,7 +342,7 @@ class _Reader:
             if kind in _EXTENDED:
                 name, size = self._extended(header, hsize, at, name, size)
                 continue
-            name = _header_name(header) if name is None else name
+            name = header_name(header) if name is None else name
             size = hsize if size is None else size
             if kind in _REGULAR and not (kind == 0 and name.endswith("/")):  # v7 directory
                 return name, self.take(size, name, at)
@@ -451,13 +350,13 @@ class _Reader:
                 raise self.error("GNU sparse members are not supported: re-create the shard "
                                  "without --sparse", member=name, at=at)
             if kind not in _NO_DATA and kind != 0:
-                self.skip(_padded(size), name, at)
+                self.skip(padded(size), name, at)
             return None
 
     def _extended(self, header: bytes, size: int, at: int, name: str | None,
                   size_override: int | None) -> tuple[str | None, int | None]:
         """Consume a ``L``/``K``/``x``/``X``/``g`` header; the first name/size given wins."""
-        label = _header_name(header)
+        label = header_name(header)
         if size > MAX_EXTENDED:
             raise self.error(f"extended header of {size} bytes is larger than the "
                              f"{MAX_EXTENDED}-byte limit", member=label, at=at)
@@ -468,7 +367,7 @@ class _Reader:
             name = data[:nul if nul >= 0 else size].decode("utf-8", "surrogateescape")
         elif kind in b"xX":
             try:
-                path, pax_size = _pax_overrides(data)
+                path, pax_size = pax_overrides(data)
             except ValueError as exc:
                 raise self.error(f"invalid pax header: {exc}", member=label, at=at) from exc
             name = path if name is None else name
@@ -491,7 +390,7 @@ def iter_member_batches(
         buf = reader.buf
         batch, headers, extended, reader.pos = _fast_batch(buf, reader.pos)
         if headers:
-            bad = _first_bad_header(buf, headers + extended if extended else headers)
+            bad = first_bad_header(buf, headers + extended if extended else headers)
             if bad >= 0:
                 good = bisect.bisect_left(headers, bad)  # members before the bad header
                 if good:
