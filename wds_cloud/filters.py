@@ -221,18 +221,13 @@ def _decode(
 def _map(
     data: Iterable[Any], f: Callable[[Any], Any], handler: Handler = reraise_exception
 ) -> Iterator[Any]:
-    for sample in data:
-        try:
-            result = f(sample)
-        except Exception as exn:
-            if handler(exn):
-                continue
-            break
-        if result is None:
-            continue
+    def keep_key(sample: Any) -> Any:
+        result = f(sample)
         if isinstance(result, dict) and isinstance(sample, dict):
             result["__key__"] = sample.get("__key__")
-        yield result
+        return result
+
+    return (result for result in _apply(data, keep_key, handler) if result is not None)
 
 
 def _associate(
