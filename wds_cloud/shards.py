@@ -162,6 +162,26 @@ class _Epochs:
             return (k,), False
         return (self.explicit, k), True
 
+    def next_seed(
+        self, base: int, worker_info: WorkerInfoSource, *,
+        ident: tuple[int, int] | None = None, fresh: bool = False,
+    ) -> tuple[int, tuple[int, int], tuple[int, ...]]:
+        """``(seed, identity, epoch key)`` of the iteration that starts now.
+
+        The seed is ``derive_seed(base, rank, worker, *epoch key)`` (``ident`` replaces
+        rank and worker), salted with torch's worker seed when ``set_epoch`` was never
+        called, and with fresh entropy when ``fresh``.
+        """
+        key, explicit = self.next()
+        info = resolve_worker_info(worker_info)
+        who = (info.rank, info.worker) if ident is None else ident
+        salt: list[int] = []
+        if not explicit and info.seed is not None:
+            salt.append(info.seed)
+        if fresh:
+            salt.append(_entropy())
+        return derive_seed(base, *who, *key, *salt), who, key
+
 
 def _check_urls(urls: list[Any], spec: object, *, empty_ok: bool = False) -> list[str]:
     for url in urls:
@@ -274,15 +294,9 @@ class ResampledShards:
 
     def stream_seed(self) -> int:
         """The seed of the iteration that starts now (advances the epoch)."""
-        key, explicit = self._epochs.next()
-        info = resolve_worker_info(self.worker_info)
-        ident = (info.rank, info.worker) if self.worker_seed is None else (self.worker_seed(), -1)
-        salt: list[int] = []
-        if not explicit and info.seed is not None:
-            salt.append(info.seed)
-        if not self.deterministic:
-            salt.append(_entropy())
-        seed = derive_seed(self.seed, *ident, *key, *salt)
+        ident = None if self.worker_seed is None else (self.worker_seed(), -1)
+        seed, ident, key = self._epochs.next_seed(
+            self.seed, self.worker_info, ident=ident, fresh=not self.deterministic)
         log.debug("ResampledShards rank/worker=%s epoch=%s seed=%s", ident, key, seed)
         return seed
 
@@ -324,10 +338,7 @@ class ShardShuffle:
     def __call__(self, src: Iterable[T]) -> Iterator[T]:
         from .filters import shuffle
 
-        key, explicit = self._epochs.next()
-        info = resolve_worker_info(self.worker_info)
-        salt = () if explicit or info.seed is None else (info.seed,)
-        seed = derive_seed(self.seed, info.rank, info.worker, *key, *salt)
+        seed = self._epochs.next_seed(self.seed, self.worker_info)[0]
         return iter(shuffle(self.bufsize, seed=seed)(iter(src)))
 
 
