@@ -6,19 +6,19 @@ wrote themselves.
 
 from __future__ import annotations
 
-import io
 import itertools
 import logging
 import pickle
 import subprocess
 import sys
-import tarfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import webdataset
+from shardgen import write_tar
 
 import wds_cloud as wds
 from wds_cloud.errors import ConfigError
@@ -26,23 +26,13 @@ from wds_cloud.errors import ConfigError
 
 def make_shards(directory: Path, nshards: int = 4, per_shard: int = 5) -> list[str]:
     """Shards of samples with ``txt``, ``cls`` and ``json`` members; returns their paths."""
-    urls = []
-    for s in range(nshards):
-        path = directory / f"data-{s:03d}.tar"
-        with tarfile.open(path, "w") as tar:
-            for i in range(per_shard):
-                key = f"s{s:03d}_{i:03d}"
-                members = {
-                    "txt": f"text of {key}", "cls": str(s * 100 + i),
-                    "json": f'{{"shard": {s}, "index": {i}}}',
-                }
-                for ext, payload in members.items():
-                    data = payload.encode()
-                    info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        urls.append(str(path))
-    return urls
+    def samples(s: int) -> Iterator[tuple[str, dict[str, bytes]]]:
+        for i in range(per_shard):
+            key = f"s{s:03d}_{i:03d}"
+            yield key, {"txt": f"text of {key}".encode(), "cls": str(s * 100 + i).encode(),
+                        "json": f'{{"shard": {s}, "index": {i}}}'.encode()}
+
+    return [write_tar(directory / f"data-{s:03d}.tar", samples(s)) for s in range(nshards)]
 
 
 def all_keys(nshards: int = 4, per_shard: int = 5) -> list[str]:

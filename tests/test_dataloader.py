@@ -7,14 +7,14 @@ pickles afresh into new workers each epoch, so every epoch replays the same shar
 
 from __future__ import annotations
 
-import io
 import pickle
-import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import webdataset
+from shardgen import write_tar
 from torch.utils.data import DataLoader, IterableDataset
 
 import wds_cloud as wds
@@ -87,19 +87,12 @@ def test_datasets_are_torch_iterable_datasets() -> None:
 
 
 def make_shards(directory: Path, nshards: int = 4, per_shard: int = 5) -> list[str]:
-    urls = []
-    for s in range(nshards):
-        path = directory / f"data-{s:03d}.tar"
-        with tarfile.open(path, "w") as tar:
-            for i in range(per_shard):
-                key = f"s{s:03d}_{i:03d}"
-                for ext, payload in (("txt", f"{key} text"), ("cls", str(s * 100 + i))):
-                    data = payload.encode()
-                    info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        urls.append(str(path))
-    return urls
+    def samples(s: int) -> Iterator[tuple[str, dict[str, bytes]]]:
+        for i in range(per_shard):
+            key = f"s{s:03d}_{i:03d}"
+            yield key, {"txt": f"{key} text".encode(), "cls": str(s * 100 + i).encode()}
+
+    return [write_tar(directory / f"data-{s:03d}.tar", samples(s)) for s in range(nshards)]
 
 
 def key_of(sample: dict[str, Any]) -> str:

@@ -11,15 +11,16 @@ import io
 import json
 import subprocess
 import sys
-import tarfile
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import PIL.Image as PIL
 import pytest
 import webdataset
+from shardgen import write_tar
 
 import wds_cloud
 
@@ -36,23 +37,16 @@ def png_bytes(seed: int) -> bytes:
 @pytest.fixture(scope="module")
 def urls(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     directory = tmp_path_factory.mktemp("shards")
-    result = []
-    for s in range(NSHARDS):
-        path = directory / f"train-{s:06d}.tar"
-        with tarfile.open(path, "w") as tar:
-            for i in range(PER_SHARD):
-                key = f"{s:03d}/{i:04d}"
-                members = {
-                    "png": png_bytes(s * 1000 + i),
-                    "cls": str((s * PER_SHARD + i) % 10).encode(),
-                    "json": json.dumps({"shard": s, "i": i}).encode(),
-                }
-                for ext, data in members.items():
-                    info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        result.append(str(path))
-    return result
+
+    def samples(s: int) -> Iterator[tuple[str, dict[str, bytes]]]:
+        for i in range(PER_SHARD):
+            yield f"{s:03d}/{i:04d}", {
+                "png": png_bytes(s * 1000 + i),
+                "cls": str((s * PER_SHARD + i) % 10).encode(),
+                "json": json.dumps({"shard": s, "i": i}).encode(),
+            }
+
+    return [write_tar(directory / f"train-{s:06d}.tar", samples(s)) for s in range(NSHARDS)]
 
 
 def as_plain(x: Any) -> Any:
