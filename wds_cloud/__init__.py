@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "ShardFormatError": "errors",
     "ShardNotFoundError": "errors",
     "SpecError": "errors",
+    "TransferError": "errors",
     "UnsafeURLError": "errors",
     "UnsupportedSchemeError": "errors",
     "WdsCloudError": "errors",

@@ -11,6 +11,7 @@ or ``except ValueError`` keeps working::
     ├── OpenError(OSError)                      .url, .resolved_url (after rewrite/AIS)
     │   ├── ShardNotFoundError(FileNotFoundError)
     │   ├── AccessDeniedError(PermissionError)
+    │   ├── TransferError                       .offset, .attempts: retries ran out mid-shard
     │   └── PipeError                           .command, .returncode, stderr tail
     ├── CacheError(OSError) ── CacheValidationError
     ├── ShardFormatError(ValueError)            .url, .member, .offset
@@ -41,6 +42,7 @@ __all__ = [
     "ShardFormatError",
     "ShardNotFoundError",
     "SpecError",
+    "TransferError",
     "UnsafeURLError",
     "UnsupportedSchemeError",
     "WdsCloudError",
@@ -110,6 +112,20 @@ class ShardNotFoundError(OpenError, FileNotFoundError):
 
 class AccessDeniedError(OpenError, PermissionError):
     """The store refused access to the shard."""
+
+
+class TransferError(OpenError):
+    """Reading or writing a remote object failed for good: retries ran out, or the object
+    changed while it was being read. ``offset`` is the byte where the transfer stopped and
+    ``attempts`` how many requests were made."""
+
+    def __init__(
+        self, message: str, *, url: str = "", resolved_url: str = "", offset: int = 0,
+        attempts: int = 0,
+    ) -> None:
+        super().__init__(message, url=url, resolved_url=resolved_url)
+        self.offset = offset
+        self.attempts = attempts
 
 
 class PipeError(OpenError):

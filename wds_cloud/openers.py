@@ -7,7 +7,12 @@ so nothing is imported before a URL of that scheme is opened. Third parties plug
 value = ``module:attribute`` of an opener or of a class to instantiate). Registering a scheme that
 is taken is refused unless ``replace=True``.
 
-Built in: local paths and ``file:``, ``pipe:CMD`` and ``-`` (stdin/stdout).
+Built in: local paths and ``file:``, ``pipe:CMD`` and ``-`` (stdin/stdout); ``http``/``https``
+(:mod:`wds_cloud.httpstore`); ``s3``, ``gs``/``gcs``, ``az``/``abfs``/``abfss``
+(:mod:`wds_cloud.cloudstores`). ``ais://`` URLs are mapped to AIStore's REST API by the router.
+
+An opener may also have ``glob(pattern, *, storage_options) -> list[str]`` (used to expand shard
+patterns) and ``takes_settings = True`` (the router then passes ``settings=``).
 """
 
 from __future__ import annotations
@@ -238,9 +243,22 @@ _BUILTINS: dict[str, Opener | str] = {
     "file": "wds_cloud.openers:LocalOpener",
     "pipe": "wds_cloud.openers:PipeOpener",
     "-": "wds_cloud.openers:StdioOpener",
+    "http": "wds_cloud.httpstore:HttpOpener",
+    "https": "wds_cloud.httpstore:HttpOpener",
+    "s3": "wds_cloud.cloudstores:S3Opener",
+    "gs": "wds_cloud.cloudstores:GcsOpener",
+    "gcs": "wds_cloud.cloudstores:GcsOpener",
+    "az": "wds_cloud.cloudstores:AzureOpener",
+    "abfs": "wds_cloud.cloudstores:AzureOpener",
+    "abfss": "wds_cloud.cloudstores:AzureOpener",
 }
-#: what to install for schemes whose opener lives in an optional package
-_INSTALL_HINTS: dict[str, tuple[str, str]] = {}
+#: what to install for schemes whose opener needs an optional package: (module, pip extra)
+_INSTALL_HINTS: dict[str, tuple[str, str]] = {
+    "http": ("aiohttp", "http"), "https": ("aiohttp", "http"),
+    "s3": ("s3fs", "s3"),
+    "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
+    "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure"),
+}
 
 _registry: dict[str, Opener | str] = dict(_BUILTINS)
 _entry_points_loaded = False
@@ -290,10 +308,12 @@ def get_opener(url: str) -> Opener:
 
 def _resolve(scheme: str, dotted: str) -> Opener:
     module_name, _, attr = dotted.partition(":")
+    hint = _INSTALL_HINTS.get(scheme)
     try:
+        if hint is not None:  # the opener's own module imports its library lazily
+            importlib.import_module(hint[0])
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = _INSTALL_HINTS.get(scheme)
         if hint is not None:
             raise MissingDependencyError(f"opening {scheme}:// URLs", *hint) from exc
         raise

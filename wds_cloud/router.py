@@ -1,5 +1,11 @@
 """The router: a URL goes through rewrite -> AIStore -> (cache) -> opener, each step logged.
 
+``storage_options`` are given per scheme, ``{"s3": {...}, "gs": {...}}``, so one dataset can
+mix stores; for a single URL a flat dict of the URL's scheme's options works too (as with
+``fsspec.open``). Options are handed to the opener of the URL actually opened (after rewriting
+and proxying), looked up by its scheme or an alias of it (``gs``/``gcs``, ``az``/``abfs``/
+``abfss``, ``http``/``https``).
+
 :func:`gopen` keeps webdataset's signature; :data:`gopen_schemes` is a live, dict-like view of
 the opener registry, so ``gopen_schemes["foo"] = handler`` (webdataset's way to add a scheme)
 keeps working with ``handler(url, mode, bufsize, **kw)`` functions.
@@ -8,18 +14,47 @@ keeps working with ``handler(url, mode, bufsize, **kw)`` functions.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from . import openers
-from .errors import ConfigError, OpenError
+from .errors import ConfigError, OpenError, ShardNotFoundError
 from .settings import Settings
 from .urls import ais_url, parse_rewrite_rules, redact, rewrite_url, split_scheme
 
-__all__ = ["Router", "gopen", "gopen_schemes", "reader", "resolve_url"]
+__all__ = ["Router", "expand_glob", "gopen", "gopen_schemes", "reader", "resolve_url",
+           "scheme_options"]
 
 log = logging.getLogger(__name__)
+
+StorageOptions = Mapping[str, Any]
+
+_ALIASES = ({"gs", "gcs"}, {"az", "abfs", "abfss"}, {"http", "https"}, {"", "file"})
+_GLOB_CHARS = frozenset("*?[")
+
+
+def _same_scheme(scheme: str) -> set[str]:
+    return next((group for group in _ALIASES if scheme in group), {scheme})
+
+
+def scheme_options(storage_options: StorageOptions | None, scheme: str) -> dict[str, Any]:
+    """The options for ``scheme`` from per-scheme ``storage_options`` (or a flat dict of one
+    scheme's options, recognised by having no key that is a registered scheme)."""
+    if not storage_options:
+        return {}
+    schemes = set(openers.registered_schemes())
+    if not any(key in schemes for key in storage_options):
+        return dict(storage_options)
+    unknown = [key for key in storage_options if key not in schemes]
+    if unknown:
+        raise ConfigError(
+            f"storage_options: {unknown} are not schemes with an opener; give options per "
+            f"scheme, e.g. storage_options={{'s3': {{'endpoint_url': ...}}}}")
+    for name in sorted(_same_scheme(scheme)):
+        if name in storage_options:
+            return dict(storage_options[name])
+    return {}
 
 
 @dataclass(frozen=True)
@@ -27,6 +62,7 @@ class Router:
     """Resolves and opens URLs according to one :class:`Settings`."""
 
     settings: Settings
+    storage_options: StorageOptions = field(default_factory=dict)
 
     def resolve(self, url: str) -> str:
         """The URL actually opened for ``url``: after rewriting and AIStore proxying."""
@@ -35,11 +71,13 @@ class Router:
         if resolved != url:
             log.debug("rewrite %s -> %s", redact(url), redact(resolved))
         scheme = split_scheme(resolved)[0]
-        if scheme in self.settings.use_ais_for:
+        if scheme == "ais" or scheme in self.settings.use_ais_for:
             if not self.settings.ais_endpoint:
+                why = ("ais:// URLs need" if scheme == "ais"
+                       else f"USE_AIS_FOR includes {scheme!r}: it needs")
                 raise ConfigError(
-                    f"USE_AIS_FOR includes {scheme!r} but AIS_ENDPOINT is not set; set it to "
-                    f"the AIStore gateway, e.g. AIS_ENDPOINT=http://aistore:51080"
+                    f"{why} AIS_ENDPOINT, which is not set; set it to the AIStore gateway, "
+                    f"e.g. AIS_ENDPOINT=http://aistore:51080 (reading {redact(url)!r})"
                 )
             proxied = ais_url(resolved, self.settings.ais_endpoint)
             log.debug("aistore %s -> %s", redact(resolved), redact(proxied))
@@ -53,12 +91,50 @@ class Router:
         resolved = url if url == "-" else self.resolve(url)
         opener = openers.get_opener(resolved)
         log.debug("open %s (%s) with %r", redact(resolved), mode, opener)
+        scheme = "-" if resolved == "-" else split_scheme(resolved)[0]
+        extra = scheme_options(self.storage_options, scheme)
+        if extra:
+            options["storage_options"] = extra
+        if getattr(opener, "takes_settings", False):
+            options["settings"] = self.settings
         try:
             return opener.open(resolved, mode, **options)
         except OpenError as exc:
             if resolved != url and exc.url == resolved:
                 exc.url, exc.resolved_url = redact(url), redact(resolved)
             raise
+
+
+    def glob(self, pattern: str) -> list[str]:
+        """The URLs matching ``pattern`` (``*``, ``?``, ``[...]``), sorted, listed once through
+        the opener of its scheme (as given: listing happens before rewriting)."""
+        opener = openers.get_opener(pattern)
+        lister = getattr(opener, "glob", None)
+        if lister is None:
+            raise ConfigError(f"cannot list {redact(pattern)!r}: the opener of its scheme "
+                              f"({opener!r}) has no glob(); list the shards explicitly")
+        scheme = split_scheme(pattern)[0]
+        found = sorted(lister(pattern, storage_options=scheme_options(self.storage_options,
+                                                                      scheme)))
+        log.debug("glob %s: %d matches", redact(pattern), len(found))
+        if not found:
+            raise ShardNotFoundError(f"no shard matches {redact(pattern)!r}", url=redact(pattern))
+        return found
+
+
+def expand_glob(
+    urls: list[str], *, settings: Settings | None = None,
+    storage_options: StorageOptions | None = None,
+) -> list[str]:
+    """``urls`` with each pattern containing ``*``, ``?`` or ``[`` replaced by its matches."""
+    if not any(_GLOB_CHARS & set(url) for url in urls):
+        return list(urls)
+    router = Router(settings or Settings.from_env(), storage_options or {})
+    out: list[str] = []
+    for url in urls:
+        is_pattern = _GLOB_CHARS & set(url) and split_scheme(url)[0] != "pipe"
+        out.extend(router.glob(url) if is_pattern else [url])
+    return out
 
 
 def resolve_url(url: str, *, settings: Settings | None = None) -> str:
@@ -68,13 +144,14 @@ def resolve_url(url: str, *, settings: Settings | None = None) -> str:
 
 def gopen(
     url: str, mode: str = "rb", bufsize: int = 8192, *, settings: Settings | None = None,
-    **options: Any,
+    storage_options: StorageOptions | None = None, **options: Any,
 ) -> BinaryIO:
     """Open ``url`` (local path, ``file:``, ``pipe:``, ``-`` or any registered scheme).
 
-    ``settings`` defaults to ``Settings.from_env()``; other keyword options go to the opener.
+    ``settings`` defaults to ``Settings.from_env()``; ``storage_options`` (per scheme, or flat
+    for this URL's scheme) go to the fsspec filesystem; other keyword options to the opener.
     """
-    router = Router(settings or Settings.from_env())
+    router = Router(settings or Settings.from_env(), storage_options or {})
     return router.open(url, mode, bufsize=bufsize, **options)
 
 

@@ -15,6 +15,13 @@ variable                 meaning
 ``WDS_CACHE_SIZE``       cache bound in bytes (``1e9``, ``50GB``, ``500MiB``)
 ``WDS_VERBOSE_CACHE``    ``1``: one log line per cache hit, miss, fill and eviction
 ``WDS_SECURE``           ``1``: refuse to unpickle (``.pyd``, ``.pickle``, ``.pth``) samples
+``WDS_RETRIES``          retries of a failed request or dropped connection (default 8)
+``WDS_RETRY_BACKOFF``    first backoff delay in seconds, doubled each retry (default 0.2)
+``WDS_RETRY_BACKOFF_MAX`` longest backoff delay in seconds (default 10)
+``WDS_TIMEOUT``          seconds to wait for a connection or for the next bytes (default 60)
+``WDS_READAHEAD``        shards opened ahead of the one being read, per worker (default 2;
+                         0 turns read-ahead off)
+``WDS_READAHEAD_BYTES``  bytes pre-read in all the shards opened ahead (default 64MiB)
 ``WDS_<NAME>``           value of ``${NAME}`` in shard URLs
 ``RANK``, ``WORLD_SIZE`` node rank and count, before ``torch.distributed``
 ``WORKER``,              worker index and count, before ``torch.utils.data.get_worker_info``
@@ -74,6 +81,19 @@ def parse_bool(value: str, *, name: str) -> bool:
     raise ConfigError(f"{name}: expected 1/0, true/false, yes/no or on/off, got {value!r}")
 
 
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name}: cannot be negative, got {raw!r}")
+    return value
+
+
 def _int(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -96,6 +116,12 @@ class Settings:
     cache_size: int | None = None
     verbose_cache: bool = False
     secure: bool = False
+    retries: int = 8
+    retry_backoff: float = 0.2
+    retry_backoff_max: float = 10.0
+    timeout: float = 60.0
+    readahead: int = 2
+    readahead_bytes: int = 64 * 2**20
     rank: int | None = None
     world_size: int | None = None
     worker: int | None = None
@@ -114,6 +140,12 @@ class Settings:
         use_ais = tuple(s for s in env.get("USE_AIS_FOR", "").split(":") if s.strip())
         size = env.get("WDS_CACHE_SIZE")
         cache_dir = env.get("WDS_CACHE") or None
+        retries = _int(env, "WDS_RETRIES")
+        readahead = _int(env, "WDS_READAHEAD")
+        for name, value in (("WDS_RETRIES", retries), ("WDS_READAHEAD", readahead)):
+            if value is not None and value < 0:
+                raise ConfigError(f"{name}: cannot be negative, got {value}")
+        ra_bytes = env.get("WDS_READAHEAD_BYTES")
         return cls(
             rewrite=env.get(rewrite_var) or None,
             rewrite_var=rewrite_var,
@@ -123,6 +155,13 @@ class Settings:
             cache_size=parse_size(size, name="WDS_CACHE_SIZE") if size else None,
             verbose_cache=parse_bool(env.get("WDS_VERBOSE_CACHE", ""), name="WDS_VERBOSE_CACHE"),
             secure=parse_bool(env.get("WDS_SECURE", ""), name="WDS_SECURE"),
+            retries=cls.retries if retries is None else retries,
+            retry_backoff=_float(env, "WDS_RETRY_BACKOFF", cls.retry_backoff),
+            retry_backoff_max=_float(env, "WDS_RETRY_BACKOFF_MAX", cls.retry_backoff_max),
+            timeout=_float(env, "WDS_TIMEOUT", cls.timeout),
+            readahead=cls.readahead if readahead is None else readahead,
+            readahead_bytes=(parse_size(ra_bytes, name="WDS_READAHEAD_BYTES") if ra_bytes
+                             else cls.readahead_bytes),
             rank=_int(env, "RANK"),
             world_size=_int(env, "WORLD_SIZE"),
             worker=_int(env, "WORKER"),

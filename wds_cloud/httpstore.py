@@ -1,0 +1,179 @@
+"""``http://`` and ``https://`` through fsspec's HTTP filesystem (aiohttp), and AIStore's REST API.
+
+A read is one streaming GET; a dropped connection is resumed with ``Range: bytes=N-`` and
+``If-Match`` on the ETag seen at open (see :mod:`wds_cloud.remote`). Redirects are followed, as
+AIStore's gateway asks (301/307 to a storage node). A write is spooled and sent as one ``PUT``
+when the shard is complete, following 307/308 redirects by hand so the body is sent only to the
+final target.
+
+``storage_options`` are those of ``fsspec.filesystem("http", ...)``: ``client_kwargs`` for
+``aiohttp.ClientSession`` and request options such as ``headers`` or ``auth``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, BinaryIO, ClassVar, cast
+
+from .aiobody import AsyncBody, run, transient_errors
+from .errors import (
+    AccessDeniedError,
+    ConfigError,
+    OpenError,
+    ShardNotFoundError,
+    TransferError,
+)
+from .remote import AtomicUpload, ObjectMeta, ResumableStream, RetryableError, RetryPolicy
+from .settings import Settings
+from .urls import redact
+
+__all__ = ["HttpOpener", "check_status"]
+
+log = logging.getLogger(__name__)
+
+#: aiohttp buffers this much per connection, so a read takes few hops to fill
+_READ_BUFSIZE = 4 * 2**20
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def check_status(status: int, url: str, what: str = "reading") -> None:
+    """Raise the error of our tree that an HTTP ``status`` means (retryable or final)."""
+    if status < 400:
+        return
+    shown = redact(url)
+    if status in (404, 410):
+        raise ShardNotFoundError(f"no such object: {shown} (HTTP {status})", url=url)
+    if status in (401, 403):
+        raise AccessDeniedError(f"access denied {what} {shown} (HTTP {status}); check the "
+                                "credentials in storage_options", url=url)
+    if status in (408, 429) or status >= 500:
+        raise RetryableError(f"HTTP {status} {what} {shown}", status=status)
+    raise OpenError(f"HTTP {status} {what} {shown}", url=url)
+
+
+def _meta(headers: Any, offset: int, status: int) -> ObjectMeta:
+    size: int | None = None
+    match = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
+    if match and match.group(3) != "*":
+        size = int(match.group(3))
+    elif status == 200 and headers.get("Content-Length") is not None:
+        size = int(headers["Content-Length"])
+    version = headers.get("ETag") or headers.get("Ais-Version") or headers.get("Last-Modified")
+    return ObjectMeta(size=size, version=version)
+
+
+class _HttpSource:
+    """One URL as a :class:`~wds_cloud.remote.RangeSource` on an fsspec HTTP filesystem."""
+
+    def __init__(self, fs: Any, url: str, policy: RetryPolicy) -> None:
+        import aiohttp
+
+        self._fs = fs
+        self._url = url
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=policy.timeout, sock_read=policy.timeout)
+
+    def fetch(self, offset: int, version: str | None) -> tuple[AsyncBody, ObjectMeta]:
+        return cast(tuple[AsyncBody, ObjectMeta], run(self._fs.loop, self._get, offset, version))
+
+    async def _get(self, offset: int, version: str | None) -> tuple[AsyncBody, ObjectMeta]:
+        session = await self._fs.set_session()
+        kw = dict(self._fs.kwargs)
+        headers = dict(kw.pop("headers", None) or {})
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+            if version and not version.startswith("W/") and version.startswith('"'):
+                headers["If-Match"] = version
+        try:
+            resp = await session.get(self._fs.encode_url(self._url), headers=headers,
+                                     timeout=self._timeout, **kw)
+        except transient_errors() as exc:
+            raise RetryableError(f"cannot connect for {redact(self._url)}: {exc!r}") from exc
+        try:
+            if resp.status == 412:
+                raise TransferError(f"{redact(self._url)} changed while it was read (HTTP 412 "
+                                    f"on resuming at byte {offset})", url=self._url, offset=offset)
+            check_status(resp.status, self._url)
+            if offset and resp.status != 206:
+                raise OpenError(f"{redact(self._url)}: the server ignored a Range request "
+                                f"(HTTP {resp.status}), so a read cannot resume", url=self._url)
+            meta = _meta(resp.headers, offset, resp.status)
+        except BaseException:
+            resp.close()
+            raise
+
+        def on_close(finished: bool) -> None:
+            resp.release() if finished else resp.close()
+
+        return AsyncBody(self._fs.loop, resp.content.read, on_close), meta
+
+
+class HttpOpener:
+    """Opener for ``http``/``https`` (and AIStore's REST API, which the router maps to it)."""
+
+    takes_settings: ClassVar[bool] = True
+
+    def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
+        options.pop("bufsize", None)
+        settings: Settings = options.pop("settings", None) or Settings()
+        storage_options = dict(options.pop("storage_options", None) or {})
+        if options:
+            raise ConfigError(f"options {sorted(options)} are not used when opening "
+                              f"{redact(url)!r}; pass fsspec options as storage_options")
+        policy = RetryPolicy.from_settings(settings)
+        fs = _filesystem(storage_options)
+        if "w" in mode:
+            return cast(BinaryIO, AtomicUpload(lambda f: _put(fs, url, f, policy), url=url))
+        return cast(BinaryIO, ResumableStream(_HttpSource(fs, url, policy), url=url,
+                                              policy=policy))
+
+
+def _filesystem(storage_options: dict[str, Any]) -> Any:
+    import fsspec
+
+    client_kwargs = dict(storage_options.pop("client_kwargs", None) or {})
+    client_kwargs.setdefault("read_bufsize", _READ_BUFSIZE)
+    return fsspec.filesystem("http", client_kwargs=client_kwargs, **storage_options)
+
+
+def _put(fs: Any, url: str, fileobj: BinaryIO, policy: RetryPolicy) -> None:
+    """PUT ``fileobj`` to ``url``, following redirects by hand and retrying transient failures."""
+    import random
+    import time
+
+    rng = random.Random()
+    for failures in range(policy.retries + 1):
+        fileobj.seek(0)
+        try:
+            run(fs.loop, _put_once, fs, url, fileobj, policy)
+            return
+        except RetryableError as exc:
+            if failures == policy.retries:
+                raise OpenError(f"cannot write {redact(url)}: {exc}", url=url) from exc
+            delay = policy.delay(failures + 1, rng)
+            log.info("retry %d/%d of PUT %s in %.2f s after %s", failures + 1, policy.retries,
+                     redact(url), delay, exc)
+            time.sleep(delay)
+
+
+async def _put_once(fs: Any, url: str, fileobj: BinaryIO, policy: RetryPolicy) -> None:
+    import aiohttp
+
+    session = await fs.set_session()
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=policy.timeout,
+                                    sock_read=policy.timeout)
+    target = url
+    for _ in range(10):
+        fileobj.seek(0)
+        try:
+            async with session.put(fs.encode_url(target), data=fileobj, expect100=True,
+                                   allow_redirects=False, timeout=timeout, **fs.kwargs) as resp:
+                if resp.status in (301, 302, 303, 307, 308) and "Location" in resp.headers:
+                    target = str(resp.url.join(aiohttp.client.URL(resp.headers["Location"])))
+                    continue
+                check_status(resp.status, url, "writing")
+                return
+        except transient_errors() as exc:
+            raise RetryableError(f"connection failed writing {redact(url)}: {exc!r}") from exc
+    raise OpenError(f"too many redirects writing {redact(url)}", url=url)
