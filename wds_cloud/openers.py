@@ -17,10 +17,13 @@ patterns) and ``takes_settings = True`` (the router then passes ``settings=``).
 
 from __future__ import annotations
 
+import contextlib
+import glob as globmod
 import importlib
 import io
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -65,7 +68,11 @@ class Opener(Protocol):
 
 
 class LocalOpener:
-    """Local paths and ``file:`` URLs; read streams carry ``local_path``."""
+    """Local paths and ``file:`` URLs; read streams carry ``local_path``.
+
+    A regular file is written under a temporary name in its directory and renamed into place
+    when closed, so a reader never sees half a shard; ``abort()`` on the stream removes it.
+    """
 
     def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
         scheme, rest = split_scheme(url)
@@ -75,6 +82,8 @@ class LocalOpener:
             raise ConfigError(f"options {sorted(options)} are not used when opening local {url!r}")
         writing = "w" in mode
         try:
+            if writing and (not os.path.exists(path) or os.path.isfile(path)):
+                return cast(BinaryIO, _AtomicFile(path, bufsize))
             stream = open(path, mode, buffering=bufsize)  # noqa: SIM115 (the caller closes it)
         except FileNotFoundError as exc:
             if writing:
@@ -89,6 +98,59 @@ class LocalOpener:
         if not writing:
             stream.local_path = os.path.abspath(path)  # type: ignore[attr-defined]
         return cast(BinaryIO, stream)
+
+    def glob(self, pattern: str, *, storage_options: Any = None) -> list[str]:
+        """Local paths (or ``file:`` URLs, as given) matching ``pattern``."""
+        scheme, rest = split_scheme(pattern)
+        if not scheme:
+            return sorted(globmod.glob(pattern))
+        prefix = "file://" if rest.startswith("//") else "file:"
+        path = url2pathname(rest[2:] if rest.startswith("//") else rest)
+        return sorted(prefix + found for found in globmod.glob(path))
+
+
+class _AtomicFile(io.BufferedWriter):
+    """A file written as ``.NAME.tmp-…`` beside ``path`` and renamed to ``path`` on close."""
+
+    def __init__(self, path: str, bufsize: int) -> None:
+        directory, name = os.path.split(os.path.abspath(path))
+        self._tmp = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
+        self._path = path
+        # O_EXCL: a name of our own; mode 0o666 lets the umask apply as for any new file
+        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        super().__init__(io.FileIO(fd, "wb"), bufsize if bufsize > 0 else io.DEFAULT_BUFFER_SIZE)
+
+    @property
+    def name(self) -> str:
+        return self._path
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            super().close()
+            os.replace(self._tmp, self._path)
+        except BaseException:
+            self._remove()
+            raise
+
+    def abort(self) -> None:
+        """Close and delete the temporary file; ``path`` is left as it was."""
+        if not self.closed:
+            try:
+                super().close()
+            finally:
+                self._remove()
+
+    def _remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._tmp)
+
+    def __del__(self) -> None:
+        # dropped without close(): never publish (and __init__ may have failed half-way)
+        with contextlib.suppress(ValueError, AttributeError):
+            if not self.closed:
+                self.abort()
 
 
 class StdioOpener:

@@ -16,7 +16,7 @@ import logging
 import lzma
 import os
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, cast
 
@@ -217,14 +217,19 @@ class TarWriter:
     ``encoder`` (see :func:`wds_cloud.encode.make_encoder`) turns field values into bytes;
     field ``k`` of sample ``key`` becomes member ``key.k``. Metadata fields (``_*``) are
     written only with ``keep_meta=True``. ``mtime`` defaults to 0 so output is reproducible.
-    ``format`` is ``"ustar"`` (default), ``"pax"`` or ``"gnu"``.
+    ``format`` is ``"ustar"`` (default), ``"pax"`` or ``"gnu"``. ``storage_options`` (per
+    scheme, or flat for the URL's scheme) go to the fsspec filesystem of a URL target.
+
+    Remote targets (``s3://``, ``gs://``, ``az://``, ``http(s)://``) receive the object only when
+    the archive is complete: leaving a ``with TarWriter(...)`` block by an exception, or calling
+    :meth:`abort`, writes nothing.
     """
 
     def __init__(
         self, fileobj: str | os.PathLike[str] | BinaryIO | IO[bytes], user: str = "bigdata",
         group: str = "bigdata", mode: int = 0o0444, compress: bool | str | None = None,
         encoder: EncoderSpec = True, keep_meta: bool = False, mtime: float | None = None,
-        format: Any = None,
+        format: Any = None, *, storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self._packer = _Packer(user=user, group=group, mode=mode, encoder=encoder,
                                keep_meta=keep_meta, mtime=mtime, format=format)
@@ -234,7 +239,7 @@ class TarWriter:
             from .router import gopen
 
             self.name = os.fspath(fileobj)
-            self.own_fileobj = gopen(self.name, "wb")
+            self.own_fileobj = gopen(self.name, "wb", storage_options=storage_options)
             raw: IO[bytes] = self.own_fileobj
         else:
             self.name = str(getattr(fileobj, "name", "<stream>"))
@@ -275,14 +280,25 @@ class TarWriter:
                 self.own_fileobj.close()
                 self.own_fileobj = None
 
+    def abort(self) -> None:
+        """Stop without finishing the archive; a remote target receives nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        own, self.own_fileobj = self.own_fileobj, None
+        if own is not None:
+            abort = getattr(own, "abort", None)
+            abort() if abort is not None else own.close()
+
     def __enter__(self) -> TarWriter:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        self.abort() if exc_type is not None else self.close()
 
 
 _PACKER_OPTIONS = frozenset(("user", "group", "mode", "encoder", "keep_meta", "mtime", "format"))
+_WRITER_OPTIONS = _PACKER_OPTIONS | {"compress", "storage_options"}
 
 
 class ShardWriter:
@@ -305,7 +321,7 @@ class ShardWriter:
         post: Callable[[str], Any] | None = None, start_shard: int = 0, verbose: int = 0,
         opener: Callable[[str], IO[bytes]] | None = None, **kw: Any,
     ) -> None:
-        unknown = set(kw) - _PACKER_OPTIONS - {"compress"}
+        unknown = set(kw) - _WRITER_OPTIONS
         if unknown:
             raise TypeError(f"ShardWriter got unexpected keyword arguments {sorted(unknown)}")
         try:
@@ -373,8 +389,19 @@ class ShardWriter:
         """Finish the last shard; further writes would start a new one."""
         self.finish()
 
+    def abort(self) -> None:
+        """Drop the shard being written (finished shards stay); a remote one is never created."""
+        if self.tarstream is None:
+            return
+        try:
+            self.tarstream.abort()
+            if self._opened is not None:
+                self._opened.close()
+        finally:
+            self.tarstream = self._opened = None
+
     def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        self.abort() if exc_type is not None else self.close()
