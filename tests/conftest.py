@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["stores.fixtures"]  # real test servers (tests/stores/), started on first use
+
 # Cloud SDKs probe instance-metadata addresses for default credentials; keep them on loopback.
 _NO_METADATA = {
     "NO_GCE_CHECK": "true",
