@@ -52,6 +52,16 @@ def test_demo_prints_a_throughput_line(tmp_path: Path) -> None:
               "--workers", "1", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "wrote 2 shards of 100 samples" in out.stdout
-    assert "throughput: 200 samples" in out.stdout
+    assert "throughput: 200 samples" in out.stdout and "from s3://demo/train/" in out.stdout
+    # the embedded S3 server keeps bucket "demo" as a directory of --dir
+    assert sorted(p.name for p in (tmp_path / "demo" / "train").glob("demo-*.tar")) == [
+        "demo-000000.tar", "demo-000001.tar"]
+
+
+def test_demo_on_local_disk(tmp_path: Path) -> None:
+    out = cli("demo", "--local", "--dir", str(tmp_path), "--shards", "2", "--per-shard", "50",
+              "--workers", "0", "--epochs", "1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "throughput: 100 samples" in out.stdout
     assert sorted(p.name for p in tmp_path.glob("demo-*.tar")) == ["demo-000000.tar",
                                                                   "demo-000001.tar"]

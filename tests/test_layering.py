@@ -9,7 +9,8 @@ import pytest
 
 LOWER_LAYERS = [
     "errors", "settings", "urls", "handlers",           # L0
-    "openers", "router",                                 # L1
+    "openers", "router", "remote", "aiobody", "httpstore", "cloudstores",
+    "readahead", "locals3",                              # L1
     "tario", "tarformat", "tarheader", "tarcompress",
     "pipeline", "filters", "batching", "keys", "mix", "shards",
     "autodecode", "typedecode", "imagedecode", "tenbin", "records",  # L2

@@ -37,6 +37,8 @@ _EXPORTS: dict[str, str] = {
     "register_opener": "openers",
     "registered_schemes": "openers",
     "gopen": "router",
+    "io_stats": "remote",
+    "reset_io_stats": "remote",
     "gopen_schemes": "router",
     # handlers
     "ignore_and_continue": "handlers",

@@ -12,8 +12,10 @@ final target.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+from collections.abc import AsyncIterator
 from typing import Any, BinaryIO, ClassVar, cast
 
 from .aiobody import AsyncBody, run, transient_errors
@@ -163,12 +165,15 @@ async def _put_once(fs: Any, url: str, fileobj: BinaryIO, policy: RetryPolicy) -
     session = await fs.set_session()
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=policy.timeout,
                                     sock_read=policy.timeout)
+    size = fileobj.seek(0, 2)
+    kw = dict(fs.kwargs)
+    headers = {**(kw.pop("headers", None) or {}), "Content-Length": str(size)}
     target = url
     for _ in range(10):
-        fileobj.seek(0)
         try:
-            async with session.put(fs.encode_url(target), data=fileobj, expect100=True,
-                                   allow_redirects=False, timeout=timeout, **fs.kwargs) as resp:
+            async with session.put(fs.encode_url(target), data=_chunks(fileobj), expect100=True,
+                                   headers=headers, allow_redirects=False, timeout=timeout,
+                                   **kw) as resp:
                 if resp.status in (301, 302, 303, 307, 308) and "Location" in resp.headers:
                     target = str(resp.url.join(aiohttp.client.URL(resp.headers["Location"])))
                     continue
@@ -177,3 +182,12 @@ async def _put_once(fs: Any, url: str, fileobj: BinaryIO, policy: RetryPolicy) -
         except transient_errors() as exc:
             raise RetryableError(f"connection failed writing {redact(url)}: {exc!r}") from exc
     raise OpenError(f"too many redirects writing {redact(url)}", url=url)
+
+
+async def _chunks(fileobj: BinaryIO, size: int = 2**20) -> AsyncIterator[bytes]:
+    """The spooled file from its start, read off the event loop (aiohttp would close a file
+    object it is given, and a redirect needs the body again)."""
+    loop = asyncio.get_running_loop()
+    fileobj.seek(0)
+    while chunk := await loop.run_in_executor(None, fileobj.read, size):
+        yield chunk

@@ -153,6 +153,10 @@ def ais_url(url: str, endpoint: str) -> str:
     return f"{endpoint.rstrip('/')}/v1/objects/{bucket}/{quote(key)}?provider={provider}"
 
 
+#: query parameters that never carry a secret (AIStore's provider, GCS's generation, ...)
+_PLAIN_QUERY_KEYS = frozenset({"provider", "generation", "versionid", "alt"})
+
+
 def redact(url: str) -> str:
     """``url`` with credentials and query values hidden, safe for messages and logs."""
     scheme, _ = split_scheme(url)
@@ -166,7 +170,8 @@ def redact(url: str) -> str:
     if "@" in netloc:
         netloc = "***@" + netloc.rsplit("@", 1)[1]
     query = "&".join(
-        f"{item.split('=', 1)[0]}=***" if "=" in item else item
+        f"{item.split('=', 1)[0]}=***"
+        if "=" in item and item.split("=", 1)[0].lower() not in _PLAIN_QUERY_KEYS else item
         for item in parts.query.split("&") if item
     )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
