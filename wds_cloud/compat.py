@@ -17,6 +17,9 @@ use it or refuse it:
 * ``shardshuffle=n`` shuffles shards with a seed derived per rank, worker and epoch, so each
   epoch has a new order (webdataset repeated one order); ``detshuffle=True`` keeps webdataset's
   ``detshuffle`` stage (``Random(seed + epoch)``), whose epoch ``set_epoch`` also sets.
+* ``storage_options`` (keyword-only, per scheme: ``{"s3": {...}, "gs": {...}}``) go to the
+  fsspec filesystems; shard patterns with ``*``/``?``/``[...]`` (``s3://b/train/shard-*.tar``)
+  are listed once, when the dataset is built;
 * ``seed=None`` takes ``WDS_SEED`` (an integer) if set, else a random seed, as webdataset;
   with ``resampled=True`` a chosen seed (argument or ``WDS_SEED``) makes the resampled shard
   streams reproducible (``ResampledShards(seed=seed, deterministic=True)``; webdataset ignored
@@ -28,7 +31,8 @@ from __future__ import annotations
 import logging
 import random
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
@@ -44,7 +48,8 @@ from .pytorch import (
     split_by_worker,
     worker_info,
 )
-from .router import gopen
+from .readahead import ReadAhead
+from .router import expand_glob, gopen
 from .settings import Settings
 
 # re-exported: webdataset code reaches them as ``wds.tariterators.*``
@@ -77,17 +82,43 @@ def _open(url: str, **kw: Any) -> BinaryIO:
     return gopen(url, "rb", **kw)
 
 
+@dataclass(frozen=True)
+class ShardOpener:
+    """Opens shards for reading with one :class:`Settings` and per-scheme ``storage_options``
+    (a picklable value, taken to DataLoader workers); ``readahead`` wraps a stream of sources so
+    the next shards are opened in the background (``settings.readahead``)."""
+
+    settings: Settings = field(default_factory=Settings)
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, url: str, **kw: Any) -> BinaryIO:
+        return gopen(url, "rb", settings=self.settings, storage_options=self.storage_options,
+                     **kw)
+
+    def tarfile_samples(
+        self, src: Iterable[Sample], handler: Handler, select_files: Any, rename_files: Any,
+    ) -> Iterator[Sample]:
+        depth = self.settings.readahead
+        with ReadAhead(self, depth=depth, max_bytes=self.settings.readahead_bytes) as ahead:
+            yield from tario.tarfile_samples(ahead.sources(src), handler, select_files,
+                                             rename_files, open_stream=ahead.open)
+
+
 def tarfile_samples(
     src: Iterable[Sample], handler: Handler = reraise_exception,
     select_files: Callable[[str], bool] | None = None,
-    rename_files: Callable[[str], str | None] | None = None,
+    rename_files: Callable[[str], str | None] | None = None, *,
+    storage_options: Mapping[str, Any] | None = None, settings: Settings | None = None,
 ) -> Iterator[Sample]:
-    """Samples from the tar shards named by ``src`` (dicts with ``url``), opened with gopen."""
-    return tario.tarfile_samples(src, handler, select_files, rename_files, open_stream=_open)
+    """Samples from the tar shards named by ``src`` (dicts with ``url``), opened with gopen;
+    the next shards are opened ahead in the background (``WDS_READAHEAD``)."""
+    opener = ShardOpener(settings or Settings.from_env(), storage_options or {})
+    return opener.tarfile_samples(src, handler, select_files, rename_files)
 
 
 tarfile_to_samples = pipelinefilter(tarfile_samples)
-"""Stage ``tarfile_to_samples(handler=..., select_files=None, rename_files=None)``."""
+"""Stage ``tarfile_to_samples(handler=..., select_files=None, rename_files=None,
+storage_options=None)``."""
 
 
 def url_opener(
@@ -178,11 +209,23 @@ def _refuse_unsupported(urls: object, mode: str | None, cache_size: int, cache_d
         )
 
 
-def _resolve_seed(seed: object) -> tuple[int, bool]:
+def _expand_patterns(
+    urls: Any, settings: Settings, storage_options: Mapping[str, Any] | None,
+) -> Any:
+    """Shard URLs with globs (``s3://b/train-*.tar``) listed once, here, not in each worker."""
+    if not isinstance(urls, str) and not (
+            isinstance(urls, (list, tuple)) and all(isinstance(u, str) for u in urls)):
+        return urls
+    listed = shards.expand_source(urls)
+    expanded = expand_glob(listed, settings=settings, storage_options=storage_options)
+    return urls if expanded == listed else expanded
+
+
+def _resolve_seed(seed: object, settings: Settings) -> tuple[int, bool]:
     """The seed to use and whether the user chose it (argument or ``WDS_SEED``)."""
     if seed is not None:
         return _as_seed(seed, "WebDataset(seed=...)"), True
-    env_seed = Settings.from_env().url_vars.get("SEED")
+    env_seed = settings.url_vars.get("SEED")
     if env_seed is not None:
         return _as_seed(env_seed, "WDS_SEED"), True
     return random.SystemRandom().randrange(2**63), False
@@ -237,12 +280,16 @@ class WebDataset(DataPipeline, FluidInterface):
         empty_check: bool = True,
         verbose: bool = False,
         seed: int | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         _refuse_unsupported(urls, mode, cache_size, cache_dir, url_to_name)
+        settings = Settings.from_env()
+        urls = _expand_patterns(urls, settings, storage_options)
         resampled = resampled or mode == "resampled"
         shardshuffle = _shardshuffle_size(shardshuffle, resampled)
-        self.seed, chosen = _resolve_seed(seed)
+        self.seed, chosen = _resolve_seed(seed, settings)
         self.append(_shard_source(urls, resampled, empty_check, self.seed if chosen else None))
         if nodesplitter is not None:
             self.append(nodesplitter)
@@ -257,7 +304,8 @@ class WebDataset(DataPipeline, FluidInterface):
         if verbose:
             self.append(_log_shards)
         self.append(tarfile_to_samples(
-            handler=handler, select_files=select_files, rename_files=rename_files))
+            handler=handler, select_files=select_files, rename_files=rename_files,
+            storage_options=storage_options, settings=settings))
         if empty_check:
             self.append(check_empty(_describe(urls)))
         if repeat:

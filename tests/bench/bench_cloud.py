@@ -131,7 +131,7 @@ def _readahead(depth: int) -> Iterator[None]:
             os.environ["WDS_READAHEAD"] = before
 
 
-def bench_readahead(root: Path, count: int, repeats: int) -> None:
+def bench_readahead(root: Path, count: int, repeats: int, depth: int) -> None:
     shard_size = 4 * 2**20
     names = _shards(root, count, shard_size)
     total = count * shard_size
@@ -142,7 +142,6 @@ def bench_readahead(root: Path, count: int, repeats: int) -> None:
 
     with NginxServer(root) as nginx, FaultProxy(nginx.url) as proxy:
         urls = [f"{proxy.url}/{name}" for name in names]
-        depth = Settings().readahead
         proxy.configure(latency=0.0)
         with _readahead(depth):
             fast = best(lambda: epoch(urls), repeats)
@@ -161,6 +160,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller objects, fewer repeats")
     parser.add_argument("--only", default="http,s3,readahead")
+    parser.add_argument("--depth", type=int, default=Settings().readahead,
+                        help="shards read ahead (default: the WDS_READAHEAD default)")
     args = parser.parse_args()
     size = (64 if args.quick else 256) * 2**20
     repeats = 2 if args.quick else 3
@@ -169,7 +170,7 @@ def main() -> int:
         for name, run in (("http", lambda d: bench_http(d, size, repeats)),
                           ("s3", lambda d: bench_s3(d, size, repeats)),
                           ("readahead", lambda d: bench_readahead(d, 16 if args.quick else 64,
-                                                                  repeats))):
+                                                                  repeats, args.depth))):
             if name in chosen:
                 directory = Path(tmp) / name
                 directory.mkdir()
