@@ -1,5 +1,6 @@
-"""One contract, every store: local disk, s3 (rclone), gs (fake-gcs), az (Azurite), http (nginx)
-and gs:// proxied through AIStore, each on its real server (tests/stores/)."""
+"""One contract, every store: local disk, s3 (rclone), gs (fake-gcs), az (Azurite), http (nginx),
+gs:// proxied through AIStore and AIStore's own ais:// buckets, each on its real server
+(tests/stores/)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from wds_cloud.errors import AccessDeniedError, ShardNotFoundError
 from wds_cloud.router import resolve_url
 
 # the stores each feature is expected of (a store losing one fails the test, it is not skipped)
-WRITERS = ("local", "s3", "gs", "az", "http", "ais")
-DENIERS = ("s3", "gs", "az", "http", "ais")  # local: the tests run as root, who reads anything
+WRITERS = ("local", "s3", "gs", "az", "http", "ais", "ais-native")
+DENIERS = ("s3", "gs", "az", "http", "ais", "ais-native")  # local: the tests run as root, who reads anything
 LISTERS = ("local", "s3", "gs", "az")
 StoreFactory = Callable[[str], Store]
 

@@ -53,7 +53,7 @@ __all__ = [
     "stores_tmp",
 ]
 
-STORE_NAMES = ("local", "s3", "gs", "az", "http", "ais")
+STORE_NAMES = ("local", "s3", "gs", "az", "http", "ais", "ais-native")
 
 T = TypeVar("T")
 
