@@ -93,6 +93,11 @@ def test_cuts_resume_at_the_byte_where_they_stopped() -> None:
     assert stats["resumes"] == len(source.offsets) - 1 and stats["retries"] == stats["resumes"]
 
 
+def test_read_all_at_once() -> None:
+    stream = ResumableStream(FlakySource(DATA * 50, cut=3_000_000), url="s3://b/k", policy=FAST)
+    assert stream.read(10) == DATA[:10] and stream.read() == (DATA * 50)[10:]
+
+
 def test_truncated_responses_are_resumed_too() -> None:
     source = FlakySource(DATA, cut=30000, short=True)
     assert ResumableStream(source, url="http://h/k", policy=FAST).read() == DATA
@@ -145,6 +150,10 @@ def test_atomic_upload_commits_only_on_clean_close() -> None:
     dropped = AtomicUpload(lambda f: got.append(f.read()), url="s3://b/k")
     dropped.write(b"abandoned")
     del dropped
+    with pytest.raises(RuntimeError), AtomicUpload(lambda f: got.append(f.read()),
+                                                   url="s3://b/k") as failed:
+        failed.write(b"half")
+        raise RuntimeError("the job died")
     assert len(got) == 1
 
 

@@ -184,6 +184,14 @@ class ResumableStream(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
+    def readall(self) -> bytes:
+        """The rest of the object, read in large pieces (not io's 8 KiB ones)."""
+        chunk = bytearray(4 * 2**20)
+        parts = []
+        while n := self.readinto(chunk):
+            parts.append(bytes(chunk[:n]))
+        return b"".join(parts)
+
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         if not len(view):
@@ -298,6 +306,10 @@ class AtomicUpload(io.RawIOBase):
         if self.closed:
             raise ValueError(f"write to closed upload stream of {self._url}")
         return int(self._spool.write(data))
+
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        # ``with gopen(url, "wb") as f:`` left by an exception: nothing may be published
+        self.abort() if exc_type is not None else self.close()
 
     def abort(self) -> None:
         """Drop what was written; no object is created."""
