@@ -1,4 +1,4 @@
-"""The s3://, gs:// and az:// openers (wds_cloud.cloudstores) against real servers.
+"""The s3://, gs:// and az:// openers (s3store, gcsstore, azurestore) against real servers.
 
 rclone (S3), fake-gcs-server and Azurite are started by the fixtures of tests/stores/; the
 fault proxy in front of them cuts connections, answers 503/429, stalls and denies.
@@ -14,7 +14,7 @@ import pytest
 from stores import FaultProxy, ProxiedRequest, Store
 from stores.azure import WRONG_KEY
 
-from wds_cloud import cloudstores
+from wds_cloud import fsspecstore
 from wds_cloud.errors import AccessDeniedError, ConfigError, ShardNotFoundError, TransferError
 from wds_cloud.remote import io_stats, reset_io_stats
 from wds_cloud.router import Router, gopen
@@ -143,7 +143,7 @@ def test_a_written_object_reads_back(cloud: Store) -> None:
 
 def test_a_large_object_is_written_in_parts(cloud: Store, monkeypatch: pytest.MonkeyPatch,
                                             fault_proxy: ProxyFactory) -> None:
-    monkeypatch.setattr(cloudstores, "_PART", 5 * MiB)  # S3's smallest part
+    monkeypatch.setattr(fsspecstore, "_PART", 5 * MiB)  # S3's smallest part
     data = BIG[: 17 * MiB + 1]  # 4 parts, more than one batch of parts in flight
     proxy = fault_proxy(cloud)
     via = cloud.proxied(proxy)
@@ -167,7 +167,7 @@ def test_an_aborted_write_leaves_no_object(cloud: Store) -> None:
 def test_a_failed_upload_is_aborted_and_leaves_no_object(
         name: str, store_factory: Callable[[str], Store], fault_proxy: ProxyFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cloudstores, "_PART", 5 * MiB)
+    monkeypatch.setattr(fsspecstore, "_PART", 5 * MiB)
     store = store_factory(name)
     proxy = fault_proxy(store, error_rate=1.0, only_methods=["PUT"])  # parts and blocks
     via = store.proxied(proxy)

@@ -9,7 +9,8 @@ import pytest
 
 LOWER_LAYERS = [
     "errors", "settings", "urls", "handlers",           # L0
-    "openers", "router", "remote", "aiobody", "httpstore", "cloudstores",
+    "openers", "router", "remote", "aiobody", "httpstore", "fsspecstore",
+    "s3store", "gcsstore", "azurestore",
     "readahead", "locals3",                              # L1
     "tario", "tarformat", "tarheader", "tarcompress",
     "pipeline", "filters", "batching", "keys", "mix", "shards",

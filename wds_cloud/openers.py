@@ -8,8 +8,9 @@ value = ``module:attribute`` of an opener or of a class to instantiate). Registe
 is taken is refused unless ``replace=True``.
 
 Built in: local paths and ``file:``, ``pipe:CMD`` and ``-`` (stdin/stdout); ``http``/``https``
-(:mod:`wds_cloud.httpstore`); ``s3``, ``gs``/``gcs``, ``az``/``abfs``/``abfss``
-(:mod:`wds_cloud.cloudstores`). ``ais://`` URLs are mapped to AIStore's REST API by the router.
+(:mod:`wds_cloud.httpstore`); ``s3`` (:mod:`wds_cloud.s3store`), ``gs``/``gcs``
+(:mod:`wds_cloud.gcsstore`), ``az``/``abfs``/``abfss`` (:mod:`wds_cloud.azurestore`).
+``ais://`` URLs are mapped to AIStore's REST API by the router.
 
 An opener may also have ``glob(pattern, *, storage_options) -> list[str]`` (used to expand shard
 patterns) and ``takes_settings = True`` (the router then passes ``settings=``).
@@ -307,12 +308,12 @@ _BUILTINS: dict[str, Opener | str] = {
     "-": "wds_cloud.openers:StdioOpener",
     "http": "wds_cloud.httpstore:HttpOpener",
     "https": "wds_cloud.httpstore:HttpOpener",
-    "s3": "wds_cloud.cloudstores:S3Opener",
-    "gs": "wds_cloud.cloudstores:GcsOpener",
-    "gcs": "wds_cloud.cloudstores:GcsOpener",
-    "az": "wds_cloud.cloudstores:AzureOpener",
-    "abfs": "wds_cloud.cloudstores:AzureOpener",
-    "abfss": "wds_cloud.cloudstores:AzureOpener",
+    "s3": "wds_cloud.s3store:S3Opener",
+    "gs": "wds_cloud.gcsstore:GcsOpener",
+    "gcs": "wds_cloud.gcsstore:GcsOpener",
+    "az": "wds_cloud.azurestore:AzureOpener",
+    "abfs": "wds_cloud.azurestore:AzureOpener",
+    "abfss": "wds_cloud.azurestore:AzureOpener",
 }
 #: what to install for schemes whose opener needs an optional package: (module, pip extra)
 _INSTALL_HINTS: dict[str, tuple[str, str]] = {
