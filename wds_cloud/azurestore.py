@@ -27,9 +27,8 @@ from .fsspecstore import (
     releaser,
     retried,
     send_parts,
-    status_error,
 )
-from .remote import RetryableError, RetryPolicy
+from .remote import RetryableError, RetryPolicy, status_error
 from .urls import redact, split_scheme
 
 __all__ = ["AzureOpener"]

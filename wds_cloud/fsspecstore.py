@@ -34,14 +34,21 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, BinaryIO, ClassVar, cast
 
 from .aiobody import AsyncBody, run
-from .errors import AccessDeniedError, ConfigError, OpenError, ShardNotFoundError, TransferError
-from .remote import AtomicUpload, ObjectMeta, ResumableStream, RetryableError, RetryPolicy
+from .errors import ConfigError, OpenError, TransferError
+from .remote import (
+    AtomicUpload,
+    ObjectMeta,
+    ResumableStream,
+    RetryableError,
+    RetryPolicy,
+    status_error,
+)
 from .settings import Settings
 from .urls import redact, split_scheme
 
 __all__ = ["CloudOpener", "Fetched", "LoopSource", "Request", "header_meta", "library_error",
            "object_size", "parameters", "range_ignored", "releaser", "retried", "send_parts",
-           "sequential_parts", "status_error"]
+           "sequential_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -57,26 +64,6 @@ _GLOB = re.compile(r"[*?\[]")
 Fetched = tuple[AsyncBody, ObjectMeta]
 #: ``request(method, *args, **kw)``: one call of a store's client, awaited
 Request = Callable[..., Awaitable[Any]]
-
-
-def status_error(status: int, url: str, doing: str, *, detail: str = "",
-                 offset: int = 0) -> Exception:
-    """The error of our tree for an HTTP ``status`` answered while ``doing`` ``url``."""
-    shown = redact(url)
-    said = f"HTTP {status}" + (f" {detail}" if detail else "")
-    if status == 412:
-        return TransferError(f"{shown} changed while it was read ({said} on resuming at byte "
-                             f"{offset})", url=shown, offset=offset)
-    if status in (404, 410):
-        if doing == "reading":
-            return ShardNotFoundError(f"no such object: {shown} ({said})", url=shown)
-        return OpenError(f"{doing} {shown}: no such bucket or container ({said})", url=shown)
-    if status in (401, 403):
-        return AccessDeniedError(f"access denied {doing} {shown} ({said}); check the "
-                                 "credentials in storage_options", url=shown)
-    if status in (408, 429) or status >= 500:
-        return RetryableError(f"{said} {doing} {shown}", status=status)
-    return OpenError(f"{said} {doing} {shown}", url=shown)
 
 
 def library_error(exc: BaseException, url: str, doing: str) -> Exception:

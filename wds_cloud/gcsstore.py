@@ -25,9 +25,8 @@ from .fsspecstore import (
     range_ignored,
     releaser,
     sequential_parts,
-    status_error,
 )
-from .remote import RetryableError, RetryPolicy
+from .remote import RetryableError, RetryPolicy, status_error
 from .urls import redact
 
 __all__ = ["GcsOpener"]

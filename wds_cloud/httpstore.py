@@ -20,38 +20,27 @@ from typing import Any, BinaryIO, ClassVar, cast
 
 from .aiobody import AsyncBody, run, transient_errors
 from .errors import (
-    AccessDeniedError,
     ConfigError,
     OpenError,
-    ShardNotFoundError,
-    TransferError,
 )
-from .remote import AtomicUpload, ObjectMeta, ResumableStream, RetryableError, RetryPolicy
+from .remote import (
+    AtomicUpload,
+    ObjectMeta,
+    ResumableStream,
+    RetryableError,
+    RetryPolicy,
+    status_error,
+)
 from .settings import Settings
 from .urls import redact
 
-__all__ = ["HttpOpener", "check_status"]
+__all__ = ["HttpOpener"]
 
 log = logging.getLogger(__name__)
 
 #: aiohttp buffers this much per connection, so a read takes few hops to fill
 _READ_BUFSIZE = 4 * 2**20
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
-
-
-def check_status(status: int, url: str, what: str = "reading") -> None:
-    """Raise the error of our tree that an HTTP ``status`` means (retryable or final)."""
-    if status < 400:
-        return
-    shown = redact(url)
-    if status in (404, 410):
-        raise ShardNotFoundError(f"no such object: {shown} (HTTP {status})", url=url)
-    if status in (401, 403):
-        raise AccessDeniedError(f"access denied {what} {shown} (HTTP {status}); check the "
-                                "credentials in storage_options", url=url)
-    if status in (408, 429) or status >= 500:
-        raise RetryableError(f"HTTP {status} {what} {shown}", status=status)
-    raise OpenError(f"HTTP {status} {what} {shown}", url=url)
 
 
 def _meta(headers: Any, offset: int, status: int) -> ObjectMeta:
@@ -93,10 +82,8 @@ class _HttpSource:
         except transient_errors() as exc:
             raise RetryableError(f"cannot connect for {redact(self._url)}: {exc!r}") from exc
         try:
-            if resp.status == 412:
-                raise TransferError(f"{redact(self._url)} changed while it was read (HTTP 412 "
-                                    f"on resuming at byte {offset})", url=self._url, offset=offset)
-            check_status(resp.status, self._url)
+            if resp.status >= 400:
+                raise status_error(resp.status, self._url, "reading", offset=offset)
             if offset and resp.status != 206:
                 raise OpenError(f"{redact(self._url)}: the server ignored a Range request "
                                 f"(HTTP {resp.status}), so a read cannot resume", url=self._url)
@@ -177,7 +164,8 @@ async def _put_once(fs: Any, url: str, fileobj: BinaryIO, policy: RetryPolicy) -
                 if resp.status in (301, 302, 303, 307, 308) and "Location" in resp.headers:
                     target = str(resp.url.join(aiohttp.client.URL(resp.headers["Location"])))
                     continue
-                check_status(resp.status, url, "writing")
+                if resp.status >= 400:
+                    raise status_error(resp.status, url, "writing")
                 return
         except transient_errors() as exc:
             raise RetryableError(f"connection failed writing {redact(url)}: {exc!r}") from exc

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO, Protocol
 
-from .errors import OpenError, TransferError
+from .errors import AccessDeniedError, OpenError, ShardNotFoundError, TransferError
 from .settings import Settings
 from .urls import redact
 
@@ -41,6 +41,7 @@ __all__ = [
     "RetryableError",
     "io_stats",
     "reset_io_stats",
+    "status_error",
 ]
 
 log = logging.getLogger(__name__)
@@ -273,6 +274,26 @@ class ResumableStream(io.RawIOBase):
         if not self.closed:
             self._drop_body()
         super().close()
+
+
+def status_error(status: int, url: str, doing: str, *, detail: str = "",
+                 offset: int = 0) -> Exception:
+    """The error of our tree for an HTTP ``status`` answered while ``doing`` ``url``."""
+    shown = redact(url)
+    said = f"HTTP {status}" + (f" {detail}" if detail else "")
+    if status == 412:
+        return TransferError(f"{shown} changed while it was read ({said} on resuming at byte "
+                             f"{offset})", url=shown, offset=offset)
+    if status in (404, 410):
+        if doing == "reading":
+            return ShardNotFoundError(f"no such object: {shown} ({said})", url=shown)
+        return OpenError(f"{doing} {shown}: no such bucket or container ({said})", url=shown)
+    if status in (401, 403):
+        return AccessDeniedError(f"access denied {doing} {shown} ({said}); check the "
+                                 "credentials in storage_options", url=shown)
+    if status in (408, 429) or status >= 500:
+        return RetryableError(f"{said} {doing} {shown}", status=status)
+    return OpenError(f"{said} {doing} {shown}", url=shown)
 
 
 def _describe(exc: BaseException) -> str:

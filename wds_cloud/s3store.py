@@ -29,9 +29,8 @@ from .fsspecstore import (
     range_ignored,
     retried,
     send_parts,
-    status_error,
 )
-from .remote import ObjectMeta, RetryableError, RetryPolicy
+from .remote import ObjectMeta, RetryableError, RetryPolicy, status_error
 from .urls import redact
 
 __all__ = ["S3Opener"]
