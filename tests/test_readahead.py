@@ -56,6 +56,12 @@ class Tracked:
         self.ahead = 0  # bytes read by a read-ahead thread
         self.first = True
 
+    def __enter__(self) -> Tracked:  # a shard opened directly is used like any stream
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _count(self, n: int) -> None:
         if threading.current_thread().name.startswith(THREAD):
             with self.owner.lock:

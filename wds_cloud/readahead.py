@@ -19,10 +19,10 @@ Contract:
   consumed never exceed ``max_bytes`` (0: open ahead without pre-reading).
 - ``open(url)`` returns the stream prepared for the item just yielded, waiting for it if it is
   still being opened; the stream serves the pre-read bytes, then reads on from the underlying
-  stream, and forwards other attributes (``local_path``, ``name``, …) to it. If the background
-  open failed, ``open`` raises that very exception; an error met while pre-reading is raised by
-  ``read`` once the bytes read before it were served. Any other URL (or any keyword option, or
-  ``depth=0``) is opened directly with ``open_stream``.
+  stream, and forwards other attributes (``local_path``, ``name``, …) to it
+  (:mod:`wds_cloud.prefetched`). If the background open failed, ``open`` raises that very
+  exception; an error met while pre-reading is raised by ``read`` once the bytes read before it
+  were served. Any other URL (or any keyword option, or ``depth=0``) is opened directly.
 - A shard opened ahead and never asked for (the consumer skipped it, stopped, or failed) is
   closed. ``close()`` (also ``__exit__`` and closing the ``sources`` generator) stops pulling
   from ``src``, closes every prepared stream (a stream in the middle of a read is closed from
@@ -34,7 +34,6 @@ This module is layer-neutral: standard library only; its values come as argument
 
 from __future__ import annotations
 
-import io
 import logging
 import sys
 import threading
@@ -42,9 +41,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, BinaryIO, TypeVar, cast
 
 from .errors import ConfigError
+from .prefetched import prefetched_stream
 from .urls import redact
 
 __all__ = ["ReadAhead", "ReadAheadStats"]
@@ -57,7 +58,10 @@ THREAD_NAME = "wds-readahead"
 _PIECE = 1 << 20  # pre-read in pieces of this size, checking for cancellation in between
 _JOIN_TIMEOUT = 1.0  # seconds close() waits, in all, for busy threads
 
-_QUEUED, _OPENING, _READING, _READY, _TAKEN, _CLOSED = range(6)
+# a slot goes _QUEUED -> _OPENING -> _READING -> _READY (an open that failed: straight to
+# _READY), or to _CLOSED from any of these when discarded; the consumer takes a slot out of
+# ``_current`` and nothing looks at it after that
+_QUEUED, _OPENING, _READING, _READY, _CLOSED = range(5)
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class ReadAheadStats:
 
 
 class _Slot:
-    """One shard being prepared; ``state`` and the fields below change under the owner's lock."""
+    """One shard being prepared by a thread; ``state`` changes under the owner's lock."""
 
     __slots__ = ("chunks", "done", "error", "read_error", "reserved", "state", "stream", "url")
 
@@ -118,18 +122,16 @@ class ReadAhead:
 
     def __init__(self, open_stream: Callable[..., BinaryIO], *, depth: int = 2,
                  max_bytes: int = 64 << 20) -> None:
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-            raise ConfigError(f"read-ahead depth must be an integer >= 0, got {depth!r}")
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-            raise ConfigError(f"read-ahead max_bytes must be an integer >= 0, got {max_bytes!r}")
+        for name, value in (("depth", depth), ("max_bytes", max_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"read-ahead {name} must be an integer >= 0, got {value!r}")
         self._open_stream = open_stream
         self.depth = depth
         self.max_bytes = max_bytes
-        self._per_shard = max_bytes // depth if depth else 0
         self._lock = threading.Lock()
         self._queue: deque[_Slot] = deque()  # slots no thread has claimed yet, in order
         self._pending: deque[tuple[Any, _Slot | None]] = deque()  # pulled, not yet yielded
-        self._current: _Slot | None = None  # the slot of the item just yielded
+        self._current: _Slot | None = None  # the slot of the item just yielded, until taken
         self._threads: list[threading.Thread] = []
         self._workers = 0
         self._in_flight = 0  # budget held: reserved and pre-read bytes not yet consumed
@@ -198,43 +200,35 @@ class ReadAhead:
         """
         with self._lock:
             slot = self._current
-            if slot is None or slot.url != url or options or slot.state == _TAKEN:
-                slot = None
-            else:
+            if slot is not None and slot.url == url and not options:
                 self._current = None
                 if slot.state == _QUEUED:  # no thread got to it yet: open it here
                     self._queue.remove(slot)
-                    slot.state = _TAKEN
                     slot = None
-        if slot is None:
-            with self._lock:
+            else:
+                slot = None
+            if slot is None:
                 self._count(direct=1)
-            log.debug("read-ahead: opening %s directly", redact(url))
-            return self._open_stream(url, **options)
-        return self._take(slot)
+        if slot is not None:
+            return self._take(slot)
+        log.debug("read-ahead: opening %s directly", redact(url))
+        return self._open_stream(url, **options)
 
     def _take(self, slot: _Slot) -> BinaryIO:
-        ready, waited = slot.done.is_set(), 0.0
-        if not ready:
-            start = time.monotonic()
-            slot.done.wait()
-            waited = time.monotonic() - start
+        """Wait for ``slot`` to be prepared; its stream, or its open's exception raised."""
+        ready, start = slot.done.is_set(), time.monotonic()
+        slot.done.wait()
+        waited = time.monotonic() - start
         with self._lock:
-            slot.state = _TAKEN
-            self._count(hits=1) if ready else self._count(waits=1, wait_seconds=waited)
+            self._count(**{"hits": 1} if ready else {"waits": 1, "wait_seconds": waited})
         how = "ready" if ready else f"waited {waited:.3f} s"
         if slot.error is not None:
             log.debug("read-ahead: %s %s, its open failed", redact(slot.url), how)
             error, slot.error = slot.error, None
             raise error
         log.debug("read-ahead: %s %s, %d bytes pre-read", redact(slot.url), how, slot.reserved)
-        stream = cast(BinaryIO, slot.stream)
-        if not slot.chunks and slot.read_error is None:
-            self._release(slot.reserved)
-            return stream
-        reserved = slot.reserved
-        return cast(BinaryIO, _PrefetchedStream(
-            stream, slot.chunks, slot.read_error, lambda: self._release(reserved)))
+        return prefetched_stream(cast(BinaryIO, slot.stream), slot.chunks, slot.read_error,
+                                 partial(self._release, slot.reserved))
 
     def _count(self, **deltas: float) -> None:
         """Add to the counters (the caller holds the lock)."""
@@ -242,6 +236,7 @@ class ReadAhead:
         self._stats = replace(s, **{k: getattr(s, k) + v for k, v in deltas.items()})
 
     def _release(self, nbytes: int) -> None:
+        """Give back ``nbytes`` of pre-read bytes: consumed, or dropped with their stream."""
         with self._lock:
             self._in_flight -= nbytes
             self._buffered -= nbytes
@@ -249,6 +244,7 @@ class ReadAhead:
     # -- background threads ------------------------------------------------------------------
 
     def _schedule(self, url: str) -> _Slot:
+        """Queue ``url``; start a thread for it unless ``depth`` threads are at work."""
         slot = _Slot(url)
         with self._lock:
             self._queue.append(slot)
@@ -258,7 +254,7 @@ class ReadAhead:
             self._threads = [t for t in self._threads if t.is_alive()]
         thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
         try:
-            thread.start()
+            thread.start()  # outside the lock, so the thread can claim the slot at once
         except RuntimeError:  # no new threads (interpreter shutdown): open() opens directly
             with self._lock:
                 self._workers -= 1
@@ -282,43 +278,43 @@ class ReadAhead:
                 slot.done.set()
 
     def _prepare(self, slot: _Slot) -> None:
+        """Open the shard of ``slot`` and pre-read its first bytes, unless it is discarded
+        meanwhile: then close it."""
         try:
-            stream = self._open_stream(slot.url)
+            stream = slot.stream = self._open_stream(slot.url)
         except BaseException as exc:  # handed to the consumer, who raises it in open()
             with self._lock:
                 slot.error, slot.state = exc, _READY
                 self._count(failed=1)
             return
         with self._lock:
-            slot.stream = stream
             self._count(opened_ahead=1)
-            if slot.state == _CLOSED:  # discarded while opening
-                cancelled = True
-            else:
-                cancelled = False
-                slot.state = _READING
-                slot.reserved = min(self._per_shard, self.max_bytes - self._in_flight)
-                self._in_flight += slot.reserved
-        if not cancelled:
+        if self._advance(slot, _READING):
             self._preread(slot, stream)
-            with self._lock:
-                cancelled = slot.state == _CLOSED
-                if not cancelled:
-                    slot.state = _READY
-        if cancelled:
-            _close_quietly(stream)
-            self._forget(slot)
+            if self._advance(slot, _READY):
+                return
+        self._drop(slot)
+
+    def _advance(self, slot: _Slot, state: int) -> bool:
+        """Move ``slot`` on to ``state``; False if it was discarded meanwhile."""
+        with self._lock:
+            if slot.state != _CLOSED:
+                slot.state = state
+            return slot.state == state
 
     def _preread(self, slot: _Slot, stream: BinaryIO) -> None:
-        """Read up to ``slot.reserved`` bytes, then give back the unused part of the budget."""
+        """Reserve a share of the budget, read up to that many bytes while the slot is not
+        discarded, then give back the unused part of the budget."""
+        with self._lock:
+            slot.reserved = min(self.max_bytes // self.depth, self.max_bytes - self._in_flight)
+            self._in_flight += slot.reserved
         got = 0
         try:
             while got < slot.reserved and slot.state == _READING:
                 data = stream.read(min(_PIECE, slot.reserved - got))
                 if not data:
                     break
-                if not isinstance(data, bytes):
-                    data = bytes(data)
+                data = bytes(data)  # no copy if it is bytes already
                 slot.chunks.append(data)
                 got += len(data)
                 with self._lock:
@@ -331,35 +327,34 @@ class ReadAhead:
             self._in_flight -= slot.reserved - got
             slot.reserved = got
 
-    def _forget(self, slot: _Slot) -> None:
-        """Give back the budget of a discarded slot."""
-        with self._lock:
-            held, slot.reserved = slot.reserved, 0
-            self._in_flight -= held
-            self._buffered -= sum(len(c) for c in slot.chunks)
-            slot.chunks.clear()
-
     # -- discarding and closing --------------------------------------------------------------
 
-    def _discard(self, slot: _Slot) -> BinaryIO | None:
-        """Mark ``slot`` closed (under the lock); returns a stream the caller must close now,
-        or None (not opened yet, or its thread will close it)."""
-        state, slot.state = slot.state, _CLOSED
-        self._count(discarded=1)
-        if state == _QUEUED:
-            self._queue.remove(slot)
-        if state != _READY or slot.stream is None:
-            return None
-        return slot.stream
+    def _discard(self, slots: list[_Slot]) -> list[_Slot]:
+        """Mark ``slots`` closed (the caller holds the lock); returns those whose stream the
+        caller must drop now (the others are not opened yet, or their thread drops them)."""
+        ready = []
+        for slot in slots:
+            if slot.state == _QUEUED:
+                self._queue.remove(slot)
+            elif slot.state == _READY and slot.stream is not None:
+                ready.append(slot)
+            slot.state = _CLOSED
+            self._count(discarded=1)
+        return ready
+
+    def _drop(self, slot: _Slot) -> None:
+        """Close the stream of a discarded slot; give back its budget."""
+        log.debug("read-ahead: %s was not asked for; closing it", redact(slot.url))
+        _close_quietly(slot.stream)
+        self._release(slot.reserved)  # its pre-read is over: all of it is in chunks
+        slot.chunks.clear()
 
     def _discard_current(self) -> None:
         with self._lock:
-            slot, self._current = self._current, None
-            stream = None if slot is None or slot.state == _TAKEN else self._discard(slot)
-        if slot is not None and stream is not None:
-            log.debug("read-ahead: %s was not asked for; closing it", redact(slot.url))
-            _close_quietly(stream)
-            self._forget(slot)
+            ready = self._discard([self._current] if self._current else [])
+            self._current = None
+        for slot in ready:
+            self._drop(slot)
 
     def close(self) -> None:
         """Stop pulling, close every prepared stream, let the threads end (idempotent)."""
@@ -368,18 +363,15 @@ class ReadAhead:
                 return
             self._closed = True
             slots = [s for _, s in self._pending if s is not None]
-            if self._current is not None and self._current.state != _TAKEN:
+            if self._current is not None:
                 slots.append(self._current)
             self._pending.clear()
             self._current = None
-            busy = [s.stream for s in slots if s.state == _READING]
-            ready = [s for s in slots if s.state == _READY]
-            for slot in slots:
-                self._discard(slot)
+            busy = [cast(BinaryIO, s.stream) for s in slots if s.state == _READING]
+            ready = self._discard(slots)
             threads = [t for t in self._threads if t is not threading.current_thread()]
         for slot in ready:
-            _close_quietly(slot.stream)
-            self._forget(slot)
+            self._drop(slot)
         if sys.is_finalizing():  # daemon threads are frozen now: joining them would only wait
             return
         deadline = time.monotonic() + _JOIN_TIMEOUT
@@ -391,13 +383,12 @@ class ReadAhead:
             log.debug("read-ahead: %d thread(s) still busy after close; they are daemons",
                       sum(t.is_alive() for t in threads))
 
-    def _close_from_aside(self, streams: list[BinaryIO | None]) -> list[threading.Thread]:
+    def _close_from_aside(self, streams: list[BinaryIO]) -> list[threading.Thread]:
         """Close streams that a thread is reading from another thread (closing a buffered
         stream waits for the read in progress to return)."""
         def close_all() -> None:
             for stream in streams:
-                if stream is not None:
-                    _close_quietly(stream)
+                _close_quietly(stream)
 
         closer = threading.Thread(target=close_all, name=THREAD_NAME + "-close", daemon=True)
         try:
@@ -405,94 +396,3 @@ class ReadAhead:
         except RuntimeError:  # interpreter shutdown: the daemon readers die with it
             return []
         return [closer]
-
-
-class _PrefetchedStream(io.RawIOBase):
-    """The pre-read bytes of a shard, then the rest of its stream; other attributes are the
-    underlying stream's. Closing it closes the underlying stream."""
-
-    def __init__(self, raw: BinaryIO, chunks: deque[bytes], error: Exception | None,
-                 on_drained: Callable[[], None]) -> None:
-        super().__init__()
-        self._raw = raw
-        self._chunks = chunks
-        self._offset = 0  # position in chunks[0]
-        self._error = error
-        self._on_drained: Callable[[], None] | None = on_drained
-        self._pos = 0
-
-    def __getattr__(self, name: str) -> Any:
-        raw = self.__dict__.get("_raw")
-        if raw is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(raw, name)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        if self.closed:
-            raise ValueError("I/O operation on closed file")
-        want = -1 if size is None or size < 0 else size
-        parts: list[bytes] = []
-        while self._chunks and want != 0:
-            head, start = self._chunks[0], self._offset
-            if want < 0 or want >= len(head) - start:
-                parts.append(head[start:] if start else head)
-                self._chunks.popleft()
-                self._offset = 0
-            else:
-                parts.append(head[start:start + want])
-                self._offset += want
-            if want > 0:
-                want -= len(parts[-1])
-        if not self._chunks:
-            self._drained()
-            if want != 0 and not parts:
-                parts.append(self._read_raw(want))
-            elif want != 0 and self._error is None:
-                try:
-                    parts.append(self._read_raw(want))
-                except Exception as exc:  # serve what we have; the next read raises it
-                    self._error = exc
-        data = parts[0] if len(parts) == 1 else b"".join(parts)
-        self._pos += len(data)
-        return data
-
-    def _read_raw(self, size: int) -> bytes:
-        if self._error is not None:
-            raise self._error
-        return self._raw.read(size)
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        if self._chunks or self._error is not None or not hasattr(self._raw, "readinto"):
-            data = self.read(len(view))
-            view[:len(data)] = data
-            return len(data)
-        if self.closed:
-            raise ValueError("I/O operation on closed file")
-        n = cast(int, self._raw.readinto(view))
-        self._pos += n or 0
-        return n
-
-    def _drained(self) -> None:
-        callback, self._on_drained = self._on_drained, None
-        if callback is not None:
-            callback()
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        try:
-            self._raw.close()
-        finally:
-            self._chunks.clear()
-            self._drained()
-            super().close()
