@@ -11,14 +11,21 @@ filled completely rather than a network chunk at a time). Failures that a retry 
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .remote import RetryableError
+from .errors import TransferError
+from .remote import RetryableError, RetryPolicy
+from .urls import redact
 
-__all__ = ["AsyncBody", "run"]
+__all__ = ["AsyncBody", "retried", "run"]
+
+log = logging.getLogger(__name__)
 
 ReadChunk = Callable[[int], Awaitable[bytes]]
+Request = Callable[..., Awaitable[Any]]
 
 
 def run(loop: asyncio.AbstractEventLoop, func: Callable[..., Awaitable[Any]], *args: Any) -> Any:
@@ -26,6 +33,28 @@ def run(loop: asyncio.AbstractEventLoop, func: Callable[..., Awaitable[Any]], *a
     from fsspec.asyn import sync
 
     return sync(loop, func, *args)
+
+
+def retried(policy: RetryPolicy, url: str, request: Request) -> Request:
+    """``request(method, *args, **kw)`` as ``call(what, method, *args, **kw)``: awaited again
+    while it raises :class:`RetryableError`, within ``policy``; ``what`` names it in logs."""
+    async def call(what: str, method: str, *args: Any, **kw: Any) -> Any:
+        rng = random.Random()
+        failures = 0
+        while True:
+            try:
+                return await request(method, *args, **kw)
+            except RetryableError as exc:
+                failures += 1
+                if failures > policy.retries:
+                    raise TransferError(f"cannot write {redact(url)}: {what} failed {failures} "
+                                        f"times, the last: {exc}", url=redact(url),
+                                        attempts=failures) from exc
+                delay = policy.delay(failures, rng)
+                log.info("retry %d/%d of %s for %s in %.2f s after %s", failures,
+                         policy.retries, what, redact(url), delay, exc)
+                await asyncio.sleep(delay)
+    return call
 
 
 def transient_errors() -> tuple[type[BaseException], ...]:

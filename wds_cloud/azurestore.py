@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, BinaryIO
 
-from .aiobody import AsyncBody
+from .aiobody import AsyncBody, retried
 from .fsspecstore import (
     CloudOpener,
     Fetched,
@@ -25,7 +25,6 @@ from .fsspecstore import (
     Request,
     header_meta,
     releaser,
-    retried,
     send_parts,
 )
 from .remote import RetryableError, RetryPolicy, status_error

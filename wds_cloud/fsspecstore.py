@@ -28,26 +28,25 @@ import asyncio
 import difflib
 import inspect
 import logging
-import random
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, BinaryIO, ClassVar, cast
 
 from .aiobody import AsyncBody, run
-from .errors import ConfigError, OpenError, TransferError
+from .errors import ConfigError, OpenError
 from .remote import (
     AtomicUpload,
     ObjectMeta,
     ResumableStream,
-    RetryableError,
     RetryPolicy,
+    opener_options,
     status_error,
 )
 from .settings import Settings
 from .urls import redact, split_scheme
 
 __all__ = ["CloudOpener", "Fetched", "LoopSource", "Request", "header_meta", "library_error",
-           "object_size", "parameters", "range_ignored", "releaser", "retried", "send_parts",
+           "object_size", "parameters", "range_ignored", "releaser", "send_parts",
            "sequential_parts"]
 
 log = logging.getLogger(__name__)
@@ -102,28 +101,6 @@ def releaser(resp: Any) -> Callable[[bool], None]:
     def on_close(finished: bool) -> None:
         resp.release() if finished else resp.close()
     return on_close
-
-
-def retried(policy: RetryPolicy, url: str, request: Request) -> Request:
-    """``request(method, *args, **kw)`` as ``call(what, method, *args, **kw)``: awaited again
-    while it raises :class:`RetryableError`, within ``policy``; ``what`` names it in logs."""
-    async def call(what: str, method: str, *args: Any, **kw: Any) -> Any:
-        rng = random.Random()
-        failures = 0
-        while True:
-            try:
-                return await request(method, *args, **kw)
-            except RetryableError as exc:
-                failures += 1
-                if failures > policy.retries:
-                    raise TransferError(f"cannot write {redact(url)}: {what} failed {failures} "
-                                        f"times, the last: {exc}", url=redact(url),
-                                        attempts=failures) from exc
-                delay = policy.delay(failures, rng)
-                log.info("retry %d/%d of %s for %s in %.2f s after %s", failures,
-                         policy.retries, what, redact(url), delay, exc)
-                await asyncio.sleep(delay)
-    return call
 
 
 async def send_parts(fileobj: BinaryIO, size: int, max_parts: int,
@@ -193,13 +170,7 @@ class CloudOpener:
 
     def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
         """A :class:`ResumableStream` (``rb``) or an :class:`AtomicUpload` (``wb``) of ``url``."""
-        options.pop("bufsize", None)
-        settings: Settings = options.pop("settings", None) or Settings()
-        storage_options = dict(options.pop("storage_options", None) or {})
-        if options:
-            raise ConfigError(f"options {sorted(options)} are not used when opening "
-                              f"{redact(url)!r}; pass fsspec options as storage_options")
-        policy = RetryPolicy.from_settings(settings)
+        policy, storage_options = opener_options(url, options)
         fs = self.filesystem(url, storage_options, timeout=policy.timeout)
         if "w" in mode:
             return cast(BinaryIO, AtomicUpload(

@@ -18,9 +18,8 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any, BinaryIO, ClassVar, cast
 
-from .aiobody import AsyncBody, run, transient_errors
+from .aiobody import AsyncBody, retried, run, transient_errors
 from .errors import (
-    ConfigError,
     OpenError,
 )
 from .remote import (
@@ -29,9 +28,9 @@ from .remote import (
     ResumableStream,
     RetryableError,
     RetryPolicy,
+    opener_options,
     status_error,
 )
-from .settings import Settings
 from .urls import redact
 
 __all__ = ["HttpOpener"]
@@ -104,13 +103,7 @@ class HttpOpener:
     takes_settings: ClassVar[bool] = True
 
     def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
-        options.pop("bufsize", None)
-        settings: Settings = options.pop("settings", None) or Settings()
-        storage_options = dict(options.pop("storage_options", None) or {})
-        if options:
-            raise ConfigError(f"options {sorted(options)} are not used when opening "
-                              f"{redact(url)!r}; pass fsspec options as storage_options")
-        policy = RetryPolicy.from_settings(settings)
+        policy, storage_options = opener_options(url, options)
         fs = _filesystem(storage_options)
         if "w" in mode:
             return cast(BinaryIO, AtomicUpload(lambda f: _put(fs, url, f, policy), url=url))
@@ -128,22 +121,8 @@ def _filesystem(storage_options: dict[str, Any]) -> Any:
 
 def _put(fs: Any, url: str, fileobj: BinaryIO, policy: RetryPolicy) -> None:
     """PUT ``fileobj`` to ``url``, following redirects by hand and retrying transient failures."""
-    import random
-    import time
-
-    rng = random.Random()
-    for failures in range(policy.retries + 1):
-        fileobj.seek(0)
-        try:
-            run(fs.loop, _put_once, fs, url, fileobj, policy)
-            return
-        except RetryableError as exc:
-            if failures == policy.retries:
-                raise OpenError(f"cannot write {redact(url)}: {exc}", url=url) from exc
-            delay = policy.delay(failures + 1, rng)
-            log.info("retry %d/%d of PUT %s in %.2f s after %s", failures + 1, policy.retries,
-                     redact(url), delay, exc)
-            time.sleep(delay)
+    put = retried(policy, url, lambda _method: _put_once(fs, url, fileobj, policy))
+    run(fs.loop, put, "PUT", "PUT")
 
 
 async def _put_once(fs: Any, url: str, fileobj: BinaryIO, policy: RetryPolicy) -> None:

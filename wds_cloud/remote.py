@@ -26,7 +26,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO, Protocol
 
-from .errors import AccessDeniedError, OpenError, ShardNotFoundError, TransferError
+from .errors import (
+    AccessDeniedError,
+    ConfigError,
+    OpenError,
+    ShardNotFoundError,
+    TransferError,
+)
 from .settings import Settings
 from .urls import redact
 
@@ -40,6 +46,7 @@ __all__ = [
     "RetryPolicy",
     "RetryableError",
     "io_stats",
+    "opener_options",
     "reset_io_stats",
     "status_error",
 ]
@@ -294,6 +301,18 @@ def status_error(status: int, url: str, doing: str, *, detail: str = "",
     if status in (408, 429) or status >= 500:
         return RetryableError(f"{said} {doing} {shown}", status=status)
     return OpenError(f"{said} {doing} {shown}", url=shown)
+
+
+def opener_options(url: str, options: dict[str, Any]) -> tuple[RetryPolicy, dict[str, Any]]:
+    """What the router hands a remote opener: the retry policy of its ``settings`` and the
+    ``storage_options`` of the URL's scheme; any other option is refused, naming the URL."""
+    options.pop("bufsize", None)
+    settings: Settings = options.pop("settings", None) or Settings()
+    storage_options = dict(options.pop("storage_options", None) or {})
+    if options:
+        raise ConfigError(f"options {sorted(options)} are not used when opening "
+                          f"{redact(url)!r}; pass fsspec options as storage_options")
+    return RetryPolicy.from_settings(settings), storage_options
 
 
 def _describe(exc: BaseException) -> str:

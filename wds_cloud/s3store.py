@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any, BinaryIO
 
-from .aiobody import AsyncBody, transient_errors
+from .aiobody import AsyncBody, retried, transient_errors
 from .errors import AccessDeniedError, ConfigError, OpenError
 from .fsspecstore import (
     CloudOpener,
@@ -27,7 +27,6 @@ from .fsspecstore import (
     object_size,
     parameters,
     range_ignored,
-    retried,
     send_parts,
 )
 from .remote import ObjectMeta, RetryableError, RetryPolicy, status_error
