@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from types import TracebackType
@@ -108,9 +109,15 @@ class S3Store(Store):
         return f"s3://{self.bucket}/{key}"
 
     def put(self, key: str, data: bytes) -> None:
-        path = f"{self.bucket}/{key}"
-        self.server.fs().pipe_file(path, data)
-        invalidate_fsspec("s3", path)
+        # rclone serves a directory: seed it as a file, complete before it appears. (An S3 PUT
+        # has rclone set the file's mtime after writing it, and a GET racing that is cut short
+        # by rclone's "source file is being updated" check, which looks like a network fault.)
+        target = self.server.root / self.bucket / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.with_name(f".{target.name}.seeding")
+        staging.write_bytes(data)
+        os.replace(staging, target)
+        invalidate_fsspec("s3", f"{self.bucket}/{key}")
 
     def get(self, key: str) -> bytes | None:
         fs = self.server.fs()
