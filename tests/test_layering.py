@@ -11,7 +11,7 @@ LOWER_LAYERS = [
     "errors", "settings", "urls", "handlers",           # L0
     "openers", "router", "remote", "aiobody", "httpstore", "fsspecstore",
     "s3store", "gcsstore", "azurestore",
-    "readahead", "prefetched", "locals3",                              # L1
+    "readahead", "prefetched", "locals3", "pipes",                              # L1
     "tario", "tarformat", "tarheader", "tarcompress",
     "pipeline", "filters", "batching", "keys", "mix", "shards",
     "autodecode", "typedecode", "imagedecode", "tenbin", "records",  # L2

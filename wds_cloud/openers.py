@@ -7,9 +7,9 @@ so nothing is imported before a URL of that scheme is opened. Third parties plug
 value = ``module:attribute`` of an opener or of a class to instantiate). Registering a scheme that
 is taken is refused unless ``replace=True``.
 
-Built in: local paths and ``file:``, ``pipe:CMD`` and ``-`` (stdin/stdout); ``http``/``https``
-(:mod:`wds_cloud.httpstore`); ``s3`` (:mod:`wds_cloud.s3store`), ``gs``/``gcs``
-(:mod:`wds_cloud.gcsstore`), ``az``/``abfs``/``abfss`` (:mod:`wds_cloud.azurestore`).
+Built in: local paths and ``file:``, ``-`` (stdin/stdout), ``pipe:CMD`` (:mod:`wds_cloud.pipes`),
+``http``/``https`` (:mod:`wds_cloud.httpstore`), ``s3`` (:mod:`wds_cloud.s3store`),
+``gs``/``gcs`` (:mod:`wds_cloud.gcsstore`), ``az``/``abfs``/``abfss`` (:mod:`wds_cloud.azurestore`).
 ``ais://`` URLs are mapped to AIStore's REST API by the router.
 
 An opener may also have ``glob(pattern, *, storage_options) -> list[str]`` (used to expand shard
@@ -25,10 +25,8 @@ import io
 import logging
 import os
 import secrets
-import subprocess
 import sys
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol, cast, runtime_checkable
 from urllib.request import url2pathname
@@ -38,7 +36,6 @@ from .errors import (
     ConfigError,
     MissingDependencyError,
     OpenError,
-    PipeError,
     ShardNotFoundError,
     UnsupportedSchemeError,
 )
@@ -47,7 +44,6 @@ from .urls import split_scheme
 __all__ = [
     "LocalOpener",
     "Opener",
-    "PipeOpener",
     "StdioOpener",
     "function_opener",
     "get_opener",
@@ -192,119 +188,10 @@ class _Unclosable(io.RawIOBase):
         super().close()
 
 
-class _PipeStream(io.RawIOBase):
-    """The stdout (or stdin) of a ``pipe:`` command; checks its exit status at end of stream.
-
-    A command that exits non-zero raises :class:`PipeError` with the tail of its stderr instead
-    of delivering a silently short shard. Closing before the end kills the command.
-    """
-
-    _STDERR_TAIL = 4096
-
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, command: str, mode: str) -> None:
-        self._proc = proc
-        self._url = url
-        self._command = command
-        self._writing = "w" in mode
-        self._pipe = cast(BinaryIO, proc.stdin if self._writing else proc.stdout)
-        self._tail: deque[bytes] = deque()
-        self._tail_size = 0
-        self._stderr_thread = threading.Thread(
-            target=self._drain_stderr, name="wds-pipe-stderr", daemon=True
-        )
-        self._stderr_thread.start()
-        self._checked = False
-
-    def _drain_stderr(self) -> None:
-        stderr = self._proc.stderr
-        while stderr is not None and (chunk := stderr.read(4096)):
-            self._tail.append(chunk)
-            self._tail_size += len(chunk)
-            while self._tail_size - len(self._tail[0]) >= self._STDERR_TAIL:
-                self._tail_size -= len(self._tail.popleft())
-
-    def readable(self) -> bool:
-        return not self._writing
-
-    def writable(self) -> bool:
-        return self._writing
-
-    def readinto(self, buffer: Any) -> int:
-        n: int = self._pipe.readinto(buffer)  # type: ignore[attr-defined]
-        if n == 0 and len(memoryview(buffer)) > 0:
-            self._check_exit()
-        return n
-
-    def write(self, data: Any) -> int:
-        try:
-            return self._pipe.write(data)
-        except BrokenPipeError as exc:
-            self._check_exit()
-            raise PipeError(
-                f"pipe command stopped reading: {self._command!r}", url=self._url,
-                command=self._command,
-            ) from exc
-
-    def _check_exit(self) -> None:
-        if self._checked:
-            return
-        self._checked = True
-        returncode = self._proc.wait()
-        self._stderr_thread.join(timeout=5)
-        if returncode != 0:
-            tail = b"".join(self._tail).decode("utf-8", "replace")[-self._STDERR_TAIL:]
-            raise PipeError(
-                f"pipe command exited with status {returncode}: {self._command!r}"
-                + (f"; stderr ends with: {tail.strip()}" if tail.strip() else ""),
-                url=self._url, command=self._command, returncode=returncode, stderr=tail,
-            )
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        try:
-            if self._writing:
-                self._pipe.close()
-                self._check_exit()
-            elif not self._checked:
-                # the reader stopped early: the command's fate is no longer our business
-                self._checked = True
-                self._proc.kill()
-                self._pipe.close()
-                self._proc.wait()
-        finally:
-            super().close()
-
-
-class PipeOpener:
-    """``pipe:CMD``: run ``CMD`` in a shell and read its stdout (or write its stdin)."""
-
-    def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
-        bufsize = options.pop("bufsize", io.DEFAULT_BUFFER_SIZE)
-        if options:
-            raise ConfigError(f"options {sorted(options)} are not used by pipe: URLs ({url!r})")
-        command = split_scheme(url)[1]
-        writing = "w" in mode
-        try:
-            proc = subprocess.Popen(
-                command, shell=True, bufsize=0,
-                stdin=subprocess.PIPE if writing else subprocess.DEVNULL,
-                stdout=None if writing else subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        except OSError as exc:
-            raise PipeError(f"cannot start pipe command {command!r}: {exc}", url=url,
-                            command=command) from exc
-        raw = _PipeStream(proc, url, command, mode)
-        size = bufsize if bufsize and bufsize > 0 else io.DEFAULT_BUFFER_SIZE
-        buffered = io.BufferedWriter(raw, size) if writing else io.BufferedReader(raw, size)
-        return cast(BinaryIO, buffered)
-
-
 _BUILTINS: dict[str, Opener | str] = {
     "": "wds_cloud.openers:LocalOpener",
     "file": "wds_cloud.openers:LocalOpener",
-    "pipe": "wds_cloud.openers:PipeOpener",
+    "pipe": "wds_cloud.pipes:PipeOpener",
     "-": "wds_cloud.openers:StdioOpener",
     "http": "wds_cloud.httpstore:HttpOpener",
     "https": "wds_cloud.httpstore:HttpOpener",
