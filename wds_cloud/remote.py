@@ -316,8 +316,12 @@ def opener_options(url: str, options: dict[str, Any]) -> tuple[RetryPolicy, dict
 
 
 def _describe(exc: BaseException) -> str:
+    """``Type: message`` of ``exc``, redacted, with the exception it was raised from."""
     text = redact(str(exc)) if "://" in str(exc) else str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    if exc.__cause__ is not None:
+        said += f" (from {_describe(exc.__cause__)})"
+    return said
 
 
 class AtomicUpload(io.RawIOBase):
