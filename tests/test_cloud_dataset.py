@@ -3,6 +3,7 @@ used the store), pickling, a shard glob listed once, rewriting of writes, read-a
 
 from __future__ import annotations
 
+import os
 import pickle
 import threading
 from collections.abc import Callable
@@ -46,6 +47,36 @@ def test_forked_workers_after_the_parent_used_the_store(
                                          multiprocessing_context="fork")
     got = sorted(text for (text,) in loader)
     assert got == sorted(f"{k}/{i}" for k in range(4) for i in range(10))
+
+
+@pytest.mark.parametrize("name", ["s3", "gs", "az", "http"])
+def test_a_child_closing_inherited_connections_does_not_stall_the_parent(
+    name: str, store_factory: StoreFactory, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A forked worker that garbage-collects the parent's clients closes the connections it
+    inherited (aiohttp's connectors do so in ``__del__``). That must not take the parent's
+    sockets out of the event loop's epoll set, which parent and child share."""
+    import gc
+
+    import aiohttp
+
+    store = store_factory(name)
+    keys = _seed(store, tmp_path, shards=1)
+    monkeypatch.setenv("WDS_TIMEOUT", "3")  # a stalled read would retry after 3 s
+    url = store.url(keys[0])
+    with wds.gopen(url, storage_options=store.storage_options) as stream:
+        data = stream.read()
+    pid = os.fork()
+    if pid == 0:  # the child: close every inherited connector, as their __del__ would
+        for obj in gc.get_objects():
+            if isinstance(obj, aiohttp.BaseConnector):
+                obj._close()
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    wds.reset_io_stats()
+    with wds.gopen(url, storage_options=store.storage_options) as stream:
+        assert stream.read() == data
+    assert wds.io_stats()["retries"] == 0
 
 
 def test_datasets_pickle_with_their_storage_options(

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import selectors
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,7 +34,47 @@ def run(loop: asyncio.AbstractEventLoop, func: Callable[..., Awaitable[Any]], *a
     """Run ``func(*args)`` on ``loop`` (fsspec's I/O thread) and return its result."""
     from fsspec.asyn import sync
 
+    if not _fork_guard:
+        _guard_forks()
     return sync(loop, func, *args)
+
+
+# -- fork safety ------------------------------------------------------------------------------
+# A forked child (a DataLoader worker) inherits fsspec's event loop object, whose epoll instance
+# it shares with the parent. When the child closes connections it inherited (aiohttp connectors
+# do that when garbage-collected, e.g. after fsspec drops the parent's filesystems in the child),
+# the loop unregisters their sockets from that shared epoll: the parent then never hears from
+# those connections again and its next request on one waits out the whole read timeout. So the
+# child gets the inherited loop detached from the parent's epoll, right after the fork.
+_fork_guard = False
+_loop_at_fork: list[Any] = [None]
+
+
+def _guard_forks() -> None:
+    global _fork_guard
+    _fork_guard = True
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_note_loop, after_in_parent=_forget_loop,
+                            after_in_child=_detach_loop)
+
+
+def _note_loop() -> None:
+    from fsspec import asyn
+
+    _loop_at_fork[0] = asyn.loop[0]
+
+
+def _forget_loop() -> None:
+    _loop_at_fork[0] = None
+
+
+def _detach_loop() -> None:
+    loop, _loop_at_fork[0] = _loop_at_fork[0], None
+    shared = getattr(loop, "_selector", None)  # asyncio's selector loops keep it here
+    if shared is None:
+        return
+    loop._selector = selectors.DefaultSelector()  # empty: unregistering is then a no-op
+    shared.close()  # the child's handle on the parent's epoll; the parent keeps its own
 
 
 def retried(policy: RetryPolicy, url: str, request: Request) -> Request:
