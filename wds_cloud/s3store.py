@@ -131,6 +131,8 @@ class S3Opener(CloudOpener):
         config.setdefault("connect_timeout", timeout)
         config.setdefault("read_timeout", timeout)
         config.setdefault("retries", {"total_max_attempts": 1})
+        # botocore's default pool of 10 would queue the shards opened ahead (WDS_READAHEAD)
+        config.setdefault("max_pool_connections", 64)
         return {**options, "config_kwargs": config}
 
     def _source(self, fs: Any, url: str, policy: RetryPolicy) -> _S3Source:

@@ -19,8 +19,8 @@ variable                 meaning
 ``WDS_RETRY_BACKOFF``    first backoff delay in seconds, doubled each retry (default 0.2)
 ``WDS_RETRY_BACKOFF_MAX`` longest backoff delay in seconds (default 10)
 ``WDS_TIMEOUT``          seconds to wait for a connection or for the next bytes (default 60)
-``WDS_READAHEAD``        shards opened ahead of the one being read, per worker (default 8, so
-                         that 50 ms to a first byte is hidden behind 4 MB shards; 0: off)
+``WDS_READAHEAD``        shards opened ahead of the one being read, per worker (default 16:
+                         enough to hide 50 ms to a first byte behind 4 MB shards; 0: off)
 ``WDS_READAHEAD_BYTES``  bytes pre-read in all the shards opened ahead (default 64MiB)
 ``WDS_<NAME>``           value of ``${NAME}`` in shard URLs
 ``RANK``, ``WORLD_SIZE`` node rank and count, before ``torch.distributed``
@@ -120,7 +120,7 @@ class Settings:
     retry_backoff: float = 0.2
     retry_backoff_max: float = 10.0
     timeout: float = 60.0
-    readahead: int = 8
+    readahead: int = 16
     readahead_bytes: int = 64 * 2**20
     rank: int | None = None
     world_size: int | None = None
