@@ -108,6 +108,17 @@ def test_a_glob_is_listed_once_not_per_worker(
     assert len(reads) == 8  # one streaming GET per shard and epoch, no per-block requests
 
 
+def test_urls_with_a_query_string_are_not_patterns(
+    store_factory: StoreFactory, tmp_path: Any,
+) -> None:
+    """``?`` also starts a query (presigned URLs): only stores that can list are globbed."""
+    store = store_factory("http")
+    keys = _seed(store, tmp_path, shards=2)
+    urls = [store.url(k) + "?X-Amz-Signature=abc&X-Amz-Expires=60" for k in keys]
+    dataset = wds.WebDataset(urls, shardshuffle=False).to_tuple("__url__")
+    assert [u for (u,) in dataset] == [urls[0]] * 10 + [urls[1]] * 10
+
+
 def test_rewriting_applies_to_writes_too(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

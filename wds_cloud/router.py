@@ -14,6 +14,7 @@ keeps working with ``handler(url, mode, bufsize, **kw)`` functions.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -104,7 +105,6 @@ class Router:
                 exc.url, exc.resolved_url = redact(url), redact(resolved)
             raise
 
-
     def glob(self, pattern: str) -> list[str]:
         """The URLs matching ``pattern`` (``*``, ``?``, ``[...]``), sorted, listed once through
         the opener of its scheme (as given: listing happens before rewriting)."""
@@ -126,15 +126,24 @@ def expand_glob(
     urls: list[str], *, settings: Settings | None = None,
     storage_options: StorageOptions | None = None,
 ) -> list[str]:
-    """``urls`` with each pattern containing ``*``, ``?`` or ``[`` replaced by its matches."""
+    """``urls`` with each pattern containing ``*``, ``?`` or ``[`` replaced by its matches.
+
+    Only URLs whose opener can list are patterns: an ``https://...?signature=...`` URL, a
+    ``pipe:`` command or an existing local file with such characters in its name is taken as
+    it is."""
     if not any(_GLOB_CHARS & set(url) for url in urls):
         return list(urls)
     router = Router(settings or Settings.from_env(), storage_options or {})
-    out: list[str] = []
-    for url in urls:
-        is_pattern = _GLOB_CHARS & set(url) and split_scheme(url)[0] != "pipe"
-        out.extend(router.glob(url) if is_pattern else [url])
-    return out
+    return [found for url in urls
+            for found in (router.glob(url) if _is_pattern(url) else [url])]
+
+
+def _is_pattern(url: str) -> bool:
+    if not _GLOB_CHARS & set(url) or url == "-":
+        return False
+    if not split_scheme(url)[0] and os.path.exists(url):
+        return False
+    return callable(getattr(openers.get_opener(url), "glob", None))
 
 
 def resolve_url(url: str, *, settings: Settings | None = None) -> str:
