@@ -85,8 +85,8 @@ def _open(url: str, **kw: Any) -> BinaryIO:
 @dataclass(frozen=True)
 class ShardOpener:
     """Opens shards for reading with one :class:`Settings` and per-scheme ``storage_options``
-    (a picklable value, taken to DataLoader workers); ``readahead`` wraps a stream of sources so
-    the next shards are opened in the background (``settings.readahead``)."""
+    (a picklable value, taken to DataLoader workers). :meth:`tarfile_samples` reads a stream
+    of sources with the next ``settings.readahead`` shards opened in the background."""
 
     settings: Settings = field(default_factory=Settings)
     storage_options: Mapping[str, Any] = field(default_factory=dict)
