@@ -4,7 +4,9 @@ Servers (plain context managers, usable without pytest, e.g. from tests/bench/):
 :class:`S3Server` (rclone), :class:`GcsServer` (fake-gcs-server), :class:`AzuriteServer`,
 :class:`NginxServer`, :class:`AisServer` (our AIStore-REST server) and :class:`FaultProxy`.
 Each has ``new_store()`` (AisServer: ``gs_store()``/``native_store()``) returning a
-:class:`Store` on a fresh bucket. The pytest fixtures are in :mod:`stores.fixtures`. Scripts call
+:class:`Store` on a fresh bucket. Their life cycle (start once, stop, own temp dir, context
+manager) is :class:`stores.procs.ManagedServer`; the fsspec-backed ones (S3, GCS, Azure) are
+:class:`stores.base.FsspecServer`. The pytest fixtures are in :mod:`stores.fixtures`. Scripts call
 :func:`isolate_env` first (before gcsfs is imported): no cloud-metadata probing.
 """
 

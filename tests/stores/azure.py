@@ -7,16 +7,11 @@ a connection string with a wrong account key.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .base import Store, invalidate_fsspec, new_name
+from .base import FsspecServer, FsspecStore
 from .procs import HOST, ServerProcess, ServerStartError, http_status, start_with_port
-
-if TYPE_CHECKING:
-    from .proxy import FaultProxy
 
 __all__ = [
     "ACCOUNT",
@@ -53,22 +48,15 @@ def connection_string(blob_endpoint: str, *, key: str = ACCOUNT_KEY) -> str:
             f"BlobEndpoint={blob_endpoint.rstrip('/')}/{ACCOUNT};")
 
 
-class AzuriteServer:
+class AzuriteServer(FsspecServer):
     """Azurite's blob service on 127.0.0.1:free port, data in a temp dir; a context manager."""
 
-    def __init__(self, *, workdir: Path | None = None, startup_timeout: float = 30.0) -> None:
-        self._own_dir = workdir is None
-        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="azurite-"))
-        self.startup_timeout = startup_timeout
-        self.port = 0
-        self._proc: ServerProcess | None = None
-        self._fs: Any = None
+    label = "Azurite"
+    tmp_prefix = "azurite-"
+    protocol = "az"
 
-    @property
-    def endpoint_url(self) -> str:
-        if self._proc is None:
-            raise ServerStartError("Azurite is not running")
-        return f"http://{HOST}:{self.port}"
+    def __init__(self, *, workdir: Path | None = None, startup_timeout: float = 30.0) -> None:
+        super().__init__(workdir=workdir, startup_timeout=startup_timeout)
 
     @property
     def connection_string(self) -> str:
@@ -79,11 +67,9 @@ class AzuriteServer:
         """adlfs keyword arguments."""
         return {"connection_string": self.connection_string}
 
-    def start(self) -> AzuriteServer:
-        if self._proc is not None:
-            return self
+    def _launch(self, workdir: Path) -> tuple[ServerProcess, int]:
         binary = find_azurite()
-        location = self.workdir / "data"
+        location = workdir / "data"
         location.mkdir(parents=True, exist_ok=True)
 
         def argv(port: int) -> list[str]:
@@ -92,55 +78,27 @@ class AzuriteServer:
                     "--silent"]
 
         # an anonymous account listing is refused (403) once the service is up
-        self._proc, self.port = start_with_port(
-            "Azurite", argv, log_path=self.workdir / "azurite.log",
+        return start_with_port(
+            self.label, argv, log_path=workdir / "azurite.log",
             ready=lambda port: http_status(f"http://{HOST}:{port}/{ACCOUNT}?comp=list") == 403,
             timeout=self.startup_timeout,
         )
-        return self
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.stop()
-        self._fs = None
-        if self._own_dir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def fs(self) -> Any:
-        """A private adlfs instance talking to Azurite directly."""
-        if self._fs is None:
-            import fsspec
-
-            self._fs = fsspec.filesystem("az", skip_instance_cache=True, **self.storage_options)
-        return self._fs
 
     def new_store(self, container: str | None = None) -> AzureStore:
-        container = container or new_name()
-        self.fs().mkdir(container)
-        return AzureStore(self, container)
-
-    def __enter__(self) -> AzuriteServer:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+        return AzureStore(self, self.new_bucket(container))
 
 
-class AzureStore(Store):
+class AzureStore(FsspecStore):
     """``az://CONTAINER/key`` on Azurite."""
 
     name = scheme = "az"
     flavor = "azure"
     features = frozenset({"write", "deny", "proxy", "list"})
+    server: AzuriteServer
 
-    def __init__(self, server: AzuriteServer, container: str, *,
-                 endpoint_url: str | None = None) -> None:
-        self.server = server
-        self.container = container
-        self.endpoint_url = endpoint_url or server.endpoint_url
-        self.origin = server.endpoint_url
+    @property
+    def container(self) -> str:
+        return self.bucket
 
     @property
     def storage_options(self) -> dict[str, dict[str, Any]]:
@@ -150,26 +108,5 @@ class AzureStore(Store):
     def denied_storage_options(self) -> dict[str, dict[str, Any]]:
         return {"az": {"connection_string": connection_string(self.endpoint_url, key=WRONG_KEY)}}
 
-    def url(self, key: str) -> str:
-        return f"az://{self.container}/{key}"
-
-    def put(self, key: str, data: bytes) -> None:
-        path = f"{self.container}/{key}"
-        self.server.fs().pipe_file(path, data)
-        invalidate_fsspec("az", path)
-
-    def get(self, key: str) -> bytes | None:
-        fs = self.server.fs()
-        path = f"{self.container}/{key}"
-        fs.invalidate_cache(path)
-        try:
-            return bytes(fs.cat_file(path))
-        except FileNotFoundError:
-            return None
-
     def denied_url(self, key: str) -> str:
         return self.url(key)
-
-    def proxied(self, proxy: FaultProxy) -> AzureStore:
-        self._check_proxy(proxy)
-        return AzureStore(self.server, self.container, endpoint_url=proxy.url)

@@ -15,6 +15,10 @@ running server::
 
 ``features`` says what a store can do: ``write`` (wds_cloud can write to url()), ``deny``
 (denied_url works), ``proxy`` (proxied works), ``list`` (prefix globs).
+
+Shared by the server modules: :class:`BucketStore` (a store on one bucket of a server, reached
+directly or through a proxy), :class:`FsspecServer` (a server seeded and read back through a
+private fsspec instance) and :class:`FsspecStore` (a BucketStore on one).
 """
 
 from __future__ import annotations
@@ -22,14 +26,27 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from .procs import ManagedServer
 
 if TYPE_CHECKING:
     import pytest
 
     from .proxy import FaultProxy
 
-__all__ = ["DENY_MARK", "DENY_PATTERN", "LocalStore", "Store", "invalidate_fsspec", "new_name"]
+__all__ = [
+    "DENY_MARK",
+    "DENY_PATTERN",
+    "BucketStore",
+    "FsspecServer",
+    "FsspecStore",
+    "LocalStore",
+    "Store",
+    "invalidate_fsspec",
+    "new_name",
+    "write_atomic",
+]
 
 #: a key prefix that the test gates (AIS server, fault proxies) answer with 403, also in listings
 DENY_MARK = "__denied__"
@@ -52,6 +69,67 @@ def invalidate_fsspec(protocol: str, path: str) -> None:
     cls = fsspec.get_filesystem_class(protocol)
     for instance in list(getattr(cls, "_cache", {}).values()):
         instance.invalidate_cache(path)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` (and its parents) so that a server never serves half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.seeding")
+    staging.write_bytes(data)
+    os.replace(staging, path)
+
+
+class FsspecServer(ManagedServer):
+    """A server that fsspec reaches as ``protocol`` with :attr:`storage_options`.
+
+    Buckets are made, and objects seeded and read back, through a private instance (:meth:`fs`),
+    never through wds_cloud's cached ones.
+    """
+
+    protocol: ClassVar[str] = ""
+    _fs: Any = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return self.url
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """The filesystem's keyword arguments for the server itself."""
+        raise NotImplementedError
+
+    def fs(self) -> Any:
+        """A private fsspec instance talking to the server directly (for seeding and checks)."""
+        if self._fs is None:
+            import fsspec
+
+            self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True,
+                                         **self.storage_options)
+        return self._fs
+
+    def new_bucket(self, bucket: str | None = None) -> str:
+        """Make a bucket (a fresh name by default); returns its name."""
+        bucket = bucket or new_name()
+        self.fs().mkdir(bucket)
+        return bucket
+
+    def put_object(self, path: str, data: bytes) -> None:
+        """Write ``BUCKET/key``; wds_cloud's cached instances forget their listings of it."""
+        self.fs().pipe_file(path, data)
+        invalidate_fsspec(self.protocol, path)
+
+    def get_object(self, path: str) -> bytes | None:
+        """The bytes of ``BUCKET/key``, None if there is no such object."""
+        fs = self.fs()
+        fs.invalidate_cache(path)
+        try:
+            return bytes(fs.cat_file(path))
+        except FileNotFoundError:
+            return None
+
+    def stop(self) -> None:
+        super().stop()
+        self._fs = None
 
 
 class Store:
@@ -101,6 +179,43 @@ class Store:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url('')}>"
+
+
+_B = TypeVar("_B", bound="BucketStore")
+
+
+class BucketStore(Store):
+    """A store on one bucket of ``server``: ``{scheme}://BUCKET/key``.
+
+    wds_cloud reaches it at ``endpoint_url``: the server's own URL (its :attr:`origin`), or a
+    proxy's (:meth:`proxied`, the same bucket).
+    """
+
+    def __init__(self, server: ManagedServer, bucket: str, *,
+                 endpoint_url: str | None = None) -> None:
+        self.server = server
+        self.bucket = bucket
+        self.origin = server.url
+        self.endpoint_url = endpoint_url or self.origin
+
+    def url(self, key: str) -> str:
+        return f"{self.scheme}://{self.bucket}/{key}"
+
+    def proxied(self: _B, proxy: FaultProxy) -> _B:
+        self._check_proxy(proxy)
+        return type(self)(self.server, self.bucket, endpoint_url=proxy.url)
+
+
+class FsspecStore(BucketStore):
+    """A BucketStore on an :class:`FsspecServer`, seeded and read back through its instance."""
+
+    server: FsspecServer
+
+    def put(self, key: str, data: bytes) -> None:
+        self.server.put_object(f"{self.bucket}/{key}", data)
+
+    def get(self, key: str) -> bytes | None:
+        return self.server.get_object(f"{self.bucket}/{key}")
 
 
 class LocalStore(Store):

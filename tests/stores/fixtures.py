@@ -35,7 +35,7 @@ from .azure import AzuriteServer
 from .base import DENY_PATTERN, LocalStore, Store, new_name
 from .gcs import GcsServer
 from .nginx import NginxServer
-from .procs import ServerStartError
+from .procs import ManagedServer, ServerStartError
 from .proxy import FaultProxy
 from .s3 import S3Server
 
@@ -55,16 +55,22 @@ __all__ = [
 
 STORE_NAMES = ("local", "s3", "gs", "az", "http", "ais", "ais-native")
 
-T = TypeVar("T")
+S = TypeVar("S", bound=ManagedServer)
 
 
-def _started(server: T) -> T:
+def _started(server: S) -> S:
     """``server.start()``, or a test failure carrying the server's log tail."""
     try:
-        server.start()  # type: ignore[attr-defined]
+        server.start()
     except ServerStartError as exc:
         pytest.fail(str(exc), pytrace=False)
     return server
+
+
+def _serve(server: S) -> Iterator[S]:
+    """A session fixture's body: start ``server``, hand it over, stop it at the end."""
+    yield _started(server)
+    server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -75,46 +81,34 @@ def stores_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def s3_server(stores_tmp: Path) -> Iterator[S3Server]:
-    server = _started(S3Server(stores_tmp / "s3"))
-    yield server
-    server.stop()
+    yield from _serve(S3Server(stores_tmp / "s3"))
 
 
 @pytest.fixture(scope="session")
 def gcs_server(stores_tmp: Path) -> Iterator[GcsServer]:
-    server = _started(GcsServer(workdir=stores_tmp / "gcs"))
-    yield server
-    server.stop()
+    yield from _serve(GcsServer(workdir=stores_tmp / "gcs"))
 
 
 @pytest.fixture(scope="session")
 def gcs_gate(gcs_server: GcsServer, stores_tmp: Path) -> Iterator[FaultProxy]:
     """A fault-free proxy before fake-gcs whose only rule denies ``__denied__/`` (403)."""
-    gate = _started(FaultProxy(gcs_server.endpoint_url, flavor="gcs", deny=DENY_PATTERN,
-                               workdir=stores_tmp / "gcs-gate"))
-    yield gate
-    gate.stop()
+    yield from _serve(FaultProxy(gcs_server.endpoint_url, flavor="gcs", deny=DENY_PATTERN,
+                                 workdir=stores_tmp / "gcs-gate"))
 
 
 @pytest.fixture(scope="session")
 def azure_server(stores_tmp: Path) -> Iterator[AzuriteServer]:
-    server = _started(AzuriteServer(workdir=stores_tmp / "azurite"))
-    yield server
-    server.stop()
+    yield from _serve(AzuriteServer(workdir=stores_tmp / "azurite"))
 
 
 @pytest.fixture(scope="session")
 def nginx_server(stores_tmp: Path) -> Iterator[NginxServer]:
-    server = _started(NginxServer(workdir=stores_tmp / "nginx"))
-    yield server
-    server.stop()
+    yield from _serve(NginxServer(workdir=stores_tmp / "nginx"))
 
 
 @pytest.fixture(scope="session")
 def ais_server(gcs_server: GcsServer, stores_tmp: Path) -> Iterator[AisServer]:
-    server = _started(AisServer(gcs_server, workdir=stores_tmp / "ais"))
-    yield server
-    server.stop()
+    yield from _serve(AisServer(gcs_server, workdir=stores_tmp / "ais"))
 
 
 @pytest.fixture(scope="session")

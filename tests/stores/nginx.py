@@ -11,13 +11,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .base import Store, new_name
-from .procs import HOST, ServerProcess, ServerStartError, http_request, http_status, start_with_port
+from .base import Store, new_name, write_atomic
+from .procs import (
+    HOST,
+    ManagedServer,
+    ServerProcess,
+    ServerStartError,
+    http_request,
+    http_status,
+    start_with_port,
+)
 
 if TYPE_CHECKING:
     from .proxy import FaultProxy
@@ -79,58 +85,60 @@ def find_nginx() -> str:
     raise ServerStartError("nginx is not installed: run bash .ci/setup (apt-get install nginx)")
 
 
-class NginxServer:
+class NginxServer(ManagedServer):
     """nginx on 127.0.0.1:free port serving ``root`` (default: a new temp dir); context manager.
 
     ``url`` is the base URL; ``url_for("a/b.tar")`` the URL of a file under ``root``;
     ``access_log()`` the parsed requests so far; ``clear_access_log()`` starts a new count.
     """
 
+    label = "nginx"
+    tmp_prefix = "nginx-"
+
     def __init__(self, root: Path | None = None, *, workdir: Path | None = None,
                  startup_timeout: float = 20.0) -> None:
-        self._own_dir = workdir is None
-        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nginx-"))
-        self.root = Path(root) if root else self.workdir / "root"
-        self.startup_timeout = startup_timeout
-        self.port = 0
-        self._proc: ServerProcess | None = None
+        super().__init__(workdir=workdir, startup_timeout=startup_timeout)
+        self._root = Path(root) if root else None
 
     @property
-    def url(self) -> str:
-        if self._proc is None:
+    def root(self) -> Path:
+        """The served directory: ``root=``, else ``root/`` in the work dir."""
+        if self._root is not None:
+            return self._root
+        if self.workdir is None:
             raise ServerStartError("nginx is not running")
-        return f"http://{HOST}:{self.port}"
+        return self.workdir / "root"
 
     def url_for(self, relpath: str) -> str:
         return f"{self.url}/{relpath.lstrip('/')}"
 
-    def start(self) -> NginxServer:
-        if self._proc is not None:
-            return self
+    def _launch(self, workdir: Path) -> tuple[ServerProcess, int]:
         binary = find_nginx()
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "private").mkdir(exist_ok=True)
         # as root, workers would run as "nobody" and could not read a private temp dir
         user = "user root root;\n" if os.geteuid() == 0 else ""
-        conf = self.workdir / "nginx.conf"
+        conf = workdir / "nginx.conf"
 
         def argv(port: int) -> list[str]:
-            conf.write_text(_CONFIG.format(user=user, work=self.workdir, root=self.root.resolve(),
+            conf.write_text(_CONFIG.format(user=user, work=workdir, root=self.root.resolve(),
                                            host=HOST, port=port))
-            return [binary, "-e", str(self.workdir / "error.log"), "-p", str(self.workdir),
-                    "-c", str(conf)]
+            return [binary, "-e", str(workdir / "error.log"), "-p", str(workdir), "-c", str(conf)]
 
-        self._proc, self.port = start_with_port(
-            "nginx", argv, log_path=self.workdir / "nginx.out",
+        return start_with_port(
+            "nginx", argv, log_path=workdir / "nginx.out",
             ready=lambda port: http_status(f"http://{HOST}:{port}/private/") == 403,
             timeout=self.startup_timeout,
         )
-        return self
+
+    def _access_log_path(self) -> Path | None:
+        path = None if self.workdir is None else self.workdir / "access.log"
+        return path if path is not None and path.exists() else None
 
     def access_log(self) -> list[AccessLogEntry]:
         """Every request logged so far (nginx writes each line as the request ends)."""
-        path = self.workdir / "access.log"
-        if not path.exists():
+        path = self._access_log_path()
+        if path is None:
             return []
         entries = []
         for line in path.read_text().splitlines():
@@ -147,23 +155,9 @@ class NginxServer:
         return HttpStore(self, directory)
 
     def clear_access_log(self) -> None:
-        path = self.workdir / "access.log"
-        if path.exists():
+        path = self._access_log_path()
+        if path is not None:
             path.write_bytes(b"")  # nginx appends (O_APPEND): truncating in place is safe
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.stop()
-        if self._own_dir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> NginxServer:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
 
 class HttpStore(Store):
@@ -186,11 +180,7 @@ class HttpStore(Store):
         return f"{self.base_url}/{self.directory}/{key}"
 
     def put(self, key: str, data: bytes) -> None:
-        path = self.server.root / self.directory / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".seeding")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)  # nginx never serves half a file
+        write_atomic(self.server.root / self.directory / key, data)
 
     def get(self, key: str) -> bytes | None:
         status, _, body = http_request("GET", self.server.url_for(f"{self.directory}/{key}"))

@@ -2,6 +2,8 @@
 
 Every server here binds 127.0.0.1. A server that does not come up raises :class:`ServerStartError`
 with the tail of its log; pytest fixtures turn that into a failure (never a skip).
+:class:`ManagedServer` is the life cycle every test server class shares (start once, stop, its
+own temp dir, context manager).
 """
 
 from __future__ import annotations
@@ -12,20 +14,24 @@ import functools
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, ClassVar, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 __all__ = [
     "HOST",
     "NO_METADATA_ENV",
+    "ManagedServer",
     "ServerProcess",
     "ServerStartError",
     "child_env",
@@ -33,6 +39,8 @@ __all__ = [
     "http_request",
     "http_status",
     "isolate_env",
+    "json_call",
+    "start_script",
     "start_with_port",
     "wait_for_file",
 ]
@@ -260,3 +268,109 @@ def start_with_port(
                 raise
     assert last is not None
     raise last
+
+
+def start_script(
+    name: str, script: Path, args: Sequence[str], *, workdir: Path, log_name: str,
+    timeout: float,
+) -> tuple[ServerProcess, dict[str, Any]]:
+    """Run one of our aiohttp server scripts; returns it and what it wrote to its ready file.
+
+    The script gets ``--ready-file WORKDIR/ready.json`` after ``args``; it is stopped again if it
+    does not report ready.
+    """
+    ready = workdir / "ready.json"
+    ready.unlink(missing_ok=True)
+    argv = [sys.executable, str(script), *args, "--ready-file", str(ready)]
+    proc = ServerProcess(name, argv, log_path=workdir / log_name).start()
+    try:
+        return proc, wait_for_file(ready, proc=proc, timeout=timeout)
+    except BaseException:
+        proc.stop()
+        raise
+
+
+def json_call(method: str, url: str, body: dict[str, Any] | None = None, *, who: str) -> Any:
+    """A control request (JSON both ways) to one of our servers; ValueError unless it says 200."""
+    data = None if body is None else json.dumps(body).encode()
+    status, _, out = http_request(method, url, body=data,
+                                  headers={"Content-Type": "application/json"})
+    if status != 200:
+        what = urlsplit(url).path.rsplit("/", 1)[-1]
+        raise ValueError(f"{who} refused {what}: {out.decode(errors='replace')}")
+    return json.loads(out)
+
+
+class _Process(Protocol):
+    """What a ManagedServer runs: a ServerProcess, or a LocalS3Server."""
+
+    def stop(self) -> None: ...
+
+    def log_tail(self, lines: int = ...) -> str: ...
+
+
+_Server = TypeVar("_Server", bound="ManagedServer")
+
+
+class ManagedServer:
+    """A test server's life cycle; a context manager (``start`` on enter, ``stop`` on exit).
+
+    A subclass implements :meth:`_launch` (start the process with its files in ``workdir``, wait
+    until it is ready, return it and its port) and sets ``label`` (its name in errors) and
+    ``tmp_prefix``. Without a ``workdir`` the server makes a temp dir when it starts and removes
+    it when it stops. :attr:`url` is ``http://127.0.0.1:PORT`` while it runs.
+    """
+
+    label: ClassVar[str] = "the server"
+    tmp_prefix: ClassVar[str] = "server-"
+
+    def __init__(self, *, workdir: Path | None = None, startup_timeout: float = 20.0) -> None:
+        self._own_dir = workdir is None
+        self.workdir: Path | None = None if workdir is None else Path(workdir)
+        self.startup_timeout = startup_timeout
+        self.port = 0
+        self._proc: _Process | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether it was started and not stopped since."""
+        return self._proc is not None
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``; ServerStartError when it is not running."""
+        if self._proc is None:
+            raise ServerStartError(f"{self.label} is not running")
+        return f"http://{HOST}:{self.port}"
+
+    def start(self: _Server) -> _Server:
+        """Start it unless it runs; ServerStartError (with its log tail) if it does not come up."""
+        if self._proc is None:
+            if self.workdir is None:
+                self.workdir = Path(tempfile.mkdtemp(prefix=self.tmp_prefix))
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            self._proc, self.port = self._launch(self.workdir)
+        return self
+
+    def _launch(self, workdir: Path) -> tuple[_Process, int]:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop the process and remove the temp dir it made; idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.stop()
+        if self._own_dir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def log_tail(self) -> str:
+        """The end of the server's log ("" when it is not running)."""
+        return self._proc.log_tail() if self._proc is not None else ""
+
+    def __enter__(self: _Server) -> _Server:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

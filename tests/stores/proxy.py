@@ -12,14 +12,10 @@
 from __future__ import annotations
 
 import json
-import shutil
-import sys
-import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Any, NamedTuple
 
-from .procs import HOST, ServerProcess, ServerStartError, http_request, wait_for_file
+from .procs import HOST, ManagedServer, ServerProcess, json_call, start_script
 
 __all__ = ["FaultProxy", "ProxiedRequest"]
 
@@ -38,65 +34,39 @@ class ProxiedRequest(NamedTuple):
     fault: str
 
 
-class FaultProxy:
+class FaultProxy(ManagedServer):
     """A fault proxy subprocess in front of ``upstream`` (a base URL); a context manager.
 
+    ``url`` (``http://127.0.0.1:PORT``) is what the client uses instead of the upstream.
     ``flavor`` (``s3``, ``gcs``, ``azure``, ``ais``, ``plain``) shapes its error bodies like the
     upstream's. ``faults`` are the start values (see faultproxy.py); :meth:`reset` returns to
     them.
     """
 
+    label = "the fault proxy"
+    tmp_prefix = "faultproxy-"
+
     def __init__(
         self, upstream: str, *, flavor: str = "plain", seed: int = 0,
         workdir: Path | None = None, startup_timeout: float = 20.0, **faults: Any,
     ) -> None:
+        super().__init__(workdir=workdir, startup_timeout=startup_timeout)
         self.upstream = upstream.rstrip("/")
         self.flavor = flavor
         self.seed = seed
         self.start_faults = dict(faults)
-        self.startup_timeout = startup_timeout
-        self._own_dir = workdir is None
-        self.workdir = Path(workdir) if workdir else None
-        self.port = 0
-        self._proc: ServerProcess | None = None
 
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:PORT``: use it where the client would use the upstream."""
-        if self._proc is None:
-            raise ServerStartError("the fault proxy is not running")
-        return f"http://{HOST}:{self.port}"
-
-    def start(self) -> FaultProxy:
-        if self._proc is not None:
-            return self
-        if self.workdir is None:
-            self.workdir = Path(tempfile.mkdtemp(prefix="faultproxy-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        ready = self.workdir / "ready.json"
-        ready.unlink(missing_ok=True)
-        argv = [
-            sys.executable, str(SCRIPT), "--upstream", self.upstream, "--host", HOST,
-            "--port", "0", "--ready-file", str(ready), "--flavor", self.flavor,
-            "--seed", str(self.seed), "--config", json.dumps(self.start_faults),
-        ]
-        proc = ServerProcess(f"fault proxy -> {self.upstream}", argv,
-                             log_path=self.workdir / "faultproxy.log").start()
-        try:
-            self.port = int(wait_for_file(ready, proc=proc, timeout=self.startup_timeout)["port"])
-        except BaseException:
-            proc.stop()
-            raise
-        self._proc = proc
-        return self
+    def _launch(self, workdir: Path) -> tuple[ServerProcess, int]:
+        args = ["--upstream", self.upstream, "--host", HOST, "--port", "0",
+                "--flavor", self.flavor, "--seed", str(self.seed),
+                "--config", json.dumps(self.start_faults)]
+        proc, ready = start_script(f"fault proxy -> {self.upstream}", SCRIPT, args,
+                                   workdir=workdir, log_name="faultproxy.log",
+                                   timeout=self.startup_timeout)
+        return proc, int(ready["port"])
 
     def _call(self, method: str, what: str, body: dict[str, Any] | None = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        status, _, out = http_request(method, f"{self.url}/__fault__/{what}", body=data,
-                                      headers={"Content-Type": "application/json"})
-        if status != 200:
-            raise ValueError(f"fault proxy refused {what}: {out.decode(errors='replace')}")
-        return json.loads(out)
+        return json_call(method, f"{self.url}/__fault__/{what}", body, who="fault proxy")
 
     def configure(self, **faults: Any) -> dict[str, Any]:
         """Change faults at run time (merged into the current ones); returns the new config."""
@@ -118,24 +88,5 @@ class FaultProxy:
         """Clear the stats; faults back to the start values; the random generator re-seeded."""
         self._call("POST", "reset", {})
 
-    def log_tail(self) -> str:
-        return self._proc.log_tail() if self._proc else ""
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.stop()
-        if self._own_dir and self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = None
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
-        where = f"http://{HOST}:{self.port}" if self._proc else "stopped"
-        return f"FaultProxy({where} -> {self.upstream})"
+        return f"FaultProxy({self.url if self.running else 'stopped'} -> {self.upstream})"
