@@ -44,8 +44,12 @@ def run(loop: asyncio.AbstractEventLoop, func: Callable[..., Awaitable[Any]], *a
 # it shares with the parent. When the child closes connections it inherited (aiohttp connectors
 # do that when garbage-collected, e.g. after fsspec drops the parent's filesystems in the child),
 # the loop unregisters their sockets from that shared epoll: the parent then never hears from
-# those connections again and its next request on one waits out the whole read timeout. So the
-# child gets the inherited loop detached from the parent's epoll, right after the fork.
+# those connections again and its next request on one waits out the whole read timeout. And
+# since the inherited loop still says it is running (its thread did not survive the fork), the
+# filesystems' finalizers schedule their clean-up on the child's new loop, where it fails with
+# "attached to a different loop" errors. So right after the fork, the child detaches the
+# inherited loop from the parent's epoll and marks it as not running; what it reports about the
+# parent's sessions left unclosed in the child (they are the parent's to close) goes to DEBUG.
 _fork_guard = False
 _loop_at_fork: list[Any] = [None]
 
@@ -75,6 +79,12 @@ def _detach_loop() -> None:
         return
     loop._selector = selectors.DefaultSelector()  # empty: unregistering is then a no-op
     shared.close()  # the child's handle on the parent's epoll; the parent keeps its own
+    loop._thread_id = None  # is_running() is now False: finalizers close synchronously
+    loop.set_exception_handler(_inherited_loop_report)
+
+
+def _inherited_loop_report(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    log.debug("in a forked child, about the parent's event loop: %s", context.get("message"))
 
 
 def retried(policy: RetryPolicy, url: str, request: Request) -> Request:
