@@ -374,15 +374,7 @@ class ShardWriter:
 
     def finish(self) -> None:
         """Close the current shard and run ``post`` on it."""
-        if self.tarstream is None:
-            return
-        try:
-            self.tarstream.close()
-            if self._opened is not None:
-                self._opened.close()
-        finally:
-            self.tarstream = self._opened = None
-        if self.post is not None and self.fname is not None:
+        if self._end_shard(abort=False) and self.post is not None and self.fname is not None:
             self.post(self.fname)
 
     def close(self) -> None:
@@ -391,14 +383,20 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Drop the shard being written (finished shards stay); a remote one is never created."""
+        self._end_shard(abort=True)
+
+    def _end_shard(self, *, abort: bool) -> bool:
+        """Close (or abort) the current shard and the stream ``opener`` gave for it, if any;
+        False when no shard was open."""
         if self.tarstream is None:
-            return
+            return False
         try:
-            self.tarstream.abort()
+            self.tarstream.abort() if abort else self.tarstream.close()
             if self._opened is not None:
                 self._opened.close()
         finally:
             self.tarstream = self._opened = None
+        return True
 
     def __enter__(self) -> ShardWriter:
         return self
