@@ -251,9 +251,6 @@ def test_empty_check(urls: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     "kw, match",
     [
-        ({"cache_dir": "/tmp/cache"}, "cache"),
-        ({"cache_size": 10**9}, "cache"),
-        ({"url_to_name": str}, "url_to_name"),
         ({"mode": "unlink"}, "mode"),
     ],
 )

@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "register_opener": "openers",
     "registered_schemes": "openers",
     "gopen": "router",
+    "ShardCache": "cache",
     "io_stats": "remote",
     "reset_io_stats": "remote",
     "gopen_schemes": "router",

@@ -10,8 +10,12 @@ use it or refuse it:
 
 * ``repeat=True`` repeats the dataset forever (webdataset 1.0.2 ignored it);
 * ``verbose=True`` logs each shard as it is opened (logger ``wds_cloud.compat``, level INFO);
-* ``cache_size``, ``cache_dir`` and ``url_to_name`` configure a shard cache that is not
-  available yet: non-default values raise :class:`~wds_cloud.errors.ConfigError`;
+* ``cache_dir`` and ``cache_size`` (bytes, or ``"50GB"``) read shards through the on-disk
+  shard cache (:mod:`wds_cloud.cache`), overriding ``WDS_CACHE``/``WDS_CACHE_SIZE``;
+  ``cache_size=-1`` (the default) takes ``WDS_CACHE_SIZE`` or no bound, ``0`` turns the cache
+  off; ``url_to_name`` gives the readable part of cache file names, to which a hash of the URL
+  is always added (webdataset's basenames collided across buckets); keyword-only
+  ``cache_revalidate`` and ``cache_local`` override ``WDS_CACHE_REVALIDATE``/``WDS_CACHE_LOCAL``;
 * ``mode`` other than ``None``/``"resampled"`` (webdataset's directory-watching modes) and
   directory URLs ending in ``/``, YAML/JSON specs and spec dicts raise ``ConfigError``;
 * ``shardshuffle=n`` shuffles shards with a seed derived per rank, worker and epoch, so each
@@ -32,7 +36,7 @@ import logging
 import random
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
@@ -49,7 +53,7 @@ from .pytorch import (
     worker_info,
 )
 from .readahead import ReadAhead
-from .router import expand_glob, gopen
+from .router import expand_glob, gopen, with_cache
 from .settings import Settings
 
 # re-exported: webdataset code reaches them as ``wds.tariterators.*``
@@ -90,10 +94,11 @@ class ShardOpener:
 
     settings: Settings = field(default_factory=Settings)
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    url_to_name: Callable[[str], str] | None = None
 
     def __call__(self, url: str, **kw: Any) -> BinaryIO:
         return gopen(url, "rb", settings=self.settings, storage_options=self.storage_options,
-                     **kw)
+                     url_to_name=self.url_to_name, **kw)
 
     def tarfile_samples(
         self, src: Iterable[Sample], handler: Handler, select_files: Any, rename_files: Any,
@@ -109,10 +114,12 @@ def tarfile_samples(
     select_files: Callable[[str], bool] | None = None,
     rename_files: Callable[[str], str | None] | None = None, *,
     storage_options: Mapping[str, Any] | None = None, settings: Settings | None = None,
+    url_to_name: Callable[[str], str] | None = None,
 ) -> Iterator[Sample]:
-    """Samples from the tar shards named by ``src`` (dicts with ``url``), opened with gopen;
-    the next shards are opened ahead in the background (``WDS_READAHEAD``)."""
-    opener = ShardOpener(settings or Settings.from_env(), storage_options or {})
+    """Samples from the tar shards named by ``src`` (dicts with ``url``), opened with gopen
+    (through the shard cache when the settings name one); the next shards are opened ahead in
+    the background (``WDS_READAHEAD``)."""
+    opener = ShardOpener(settings or Settings.from_env(), storage_options or {}, url_to_name)
     return opener.tarfile_samples(src, handler, select_files, rename_files)
 
 
@@ -180,14 +187,21 @@ def _as_seed(value: object, name: str) -> int:
     raise ConfigError(f"{name} must be an integer seed, got {value!r}")
 
 
-def _refuse_unsupported(urls: object, mode: str | None, cache_size: int, cache_dir: object,
-                        url_to_name: object) -> None:
-    if cache_size != -1 or cache_dir is not None or url_to_name is not None:
-        raise ConfigError(
-            "WebDataset: the shard cache is not available yet; leave cache_size, cache_dir and "
-            f"url_to_name at their defaults (got cache_size={cache_size!r}, "
-            f"cache_dir={cache_dir!r}, url_to_name={url_to_name!r})"
-        )
+def _cache_settings(settings: Settings, cache_dir: Any, cache_size: Any,
+                    revalidate: bool | None, local: bool | None) -> Settings:
+    """``settings`` with WebDataset's explicit cache arguments in place of the environment's."""
+    if isinstance(cache_size, (int, float)) and not isinstance(cache_size, bool) \
+            and cache_size < 0:
+        cache_size = None
+    settings = with_cache(settings, cache_dir, cache_size)
+    if revalidate is not None:
+        settings = replace(settings, cache_revalidate=bool(revalidate))
+    if local is not None:
+        settings = replace(settings, cache_local=bool(local))
+    return settings
+
+
+def _refuse_unsupported(urls: object, mode: str | None) -> None:
     if mode not in (None, "resampled"):
         raise ConfigError(
             f"WebDataset(mode={mode!r}): only None and 'resampled' are supported (webdataset's "
@@ -269,7 +283,7 @@ class WebDataset(DataPipeline, FluidInterface):
         resampled: bool = False,
         repeat: bool = False,
         shardshuffle: int | bool | None = None,
-        cache_size: int = -1,
+        cache_size: int | str = -1,
         cache_dir: str | None = None,
         url_to_name: Callable[[str], str] | None = None,
         detshuffle: bool = False,
@@ -282,10 +296,13 @@ class WebDataset(DataPipeline, FluidInterface):
         seed: int | None = None,
         *,
         storage_options: Mapping[str, Any] | None = None,
+        cache_revalidate: bool | None = None,
+        cache_local: bool | None = None,
     ) -> None:
         super().__init__()
-        _refuse_unsupported(urls, mode, cache_size, cache_dir, url_to_name)
-        settings = Settings.from_env()
+        _refuse_unsupported(urls, mode)
+        settings = _cache_settings(Settings.from_env(), cache_dir, cache_size, cache_revalidate,
+                                   cache_local)
         urls = _expand_patterns(urls, settings, storage_options)
         resampled = resampled or mode == "resampled"
         shardshuffle = _shardshuffle_size(shardshuffle, resampled)
@@ -305,7 +322,7 @@ class WebDataset(DataPipeline, FluidInterface):
             self.append(_log_shards)
         self.append(tarfile_to_samples(
             handler=handler, select_files=select_files, rename_files=rename_files,
-            storage_options=storage_options, settings=settings))
+            storage_options=storage_options, settings=settings, url_to_name=url_to_name))
         if empty_check:
             self.append(check_empty(_describe(urls)))
         if repeat:

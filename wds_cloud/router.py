@@ -1,4 +1,7 @@
-"""The router: a URL goes through rewrite -> AIStore -> (cache) -> opener, each step logged.
+"""The router: a URL goes through rewrite -> AIStore -> cache -> opener, each step logged.
+
+The cache (:mod:`wds_cloud.cache`) is used for reads when the settings name a directory
+(``WDS_CACHE``, or ``cache_dir=``); it is keyed by the URL actually opened.
 
 ``storage_options`` are given per scheme, ``{"s3": {...}, "gs": {...}}``, so one dataset can
 mix stores; for a single URL a flat dict of the URL's scheme's options works too (as with
@@ -16,16 +19,20 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from . import openers
 from .errors import ConfigError, OpenError, ShardNotFoundError
-from .settings import Settings
+from .settings import Settings, expand_path, parse_size
+
+if TYPE_CHECKING:
+    from .cache import ShardCache
+
 from .urls import ais_url, parse_rewrite_rules, redact, rewrite_url, split_scheme
 
 __all__ = ["Router", "expand_glob", "gopen", "gopen_schemes", "reader", "resolve_url",
-           "scheme_options"]
+           "scheme_options", "with_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +71,7 @@ class Router:
 
     settings: Settings
     storage_options: StorageOptions = field(default_factory=dict)
+    url_to_name: Callable[[str], str] | None = None
 
     def resolve(self, url: str) -> str:
         """The URL actually opened for ``url``: after rewriting and AIStore proxying."""
@@ -86,13 +94,29 @@ class Router:
         return resolved
 
     def open(self, url: str, mode: str = "rb", **options: Any) -> BinaryIO:
-        """Open ``url`` for reading (``rb``) or writing (``wb``)."""
+        """Open ``url`` for reading (``rb``, through the cache if there is one) or writing."""
         if mode not in ("rb", "wb"):
             raise ConfigError(f"gopen mode must be 'rb' or 'wb', got {mode!r} for {redact(url)!r}")
         resolved = url if url == "-" else self.resolve(url)
+        cache = None if mode != "rb" else self.cache()
+        if cache is not None and cache.wants(resolved):
+            log.debug("cache %s in %s", redact(resolved), cache.root)
+            return cache.open(resolved, lambda: self._open(url, resolved, mode, options))
+        return self._open(url, resolved, mode, options)
+
+    def cache(self) -> ShardCache | None:
+        """The shard cache the settings ask for, if any."""
+        if not self.settings.cache_dir:
+            return None
+        from .cache import ShardCache
+
+        return ShardCache.from_settings(self.settings, url_to_name=self.url_to_name)
+
+    def _open(self, url: str, resolved: str, mode: str, options: dict[str, Any]) -> BinaryIO:
         opener = openers.get_opener(resolved)
         log.debug("open %s (%s) with %r", redact(resolved), mode, opener)
         scheme = "-" if resolved == "-" else split_scheme(resolved)[0]
+        options = dict(options)
         extra = scheme_options(self.storage_options, scheme)
         if extra:
             options["storage_options"] = extra
@@ -153,15 +177,32 @@ def resolve_url(url: str, *, settings: Settings | None = None) -> str:
 
 def gopen(
     url: str, mode: str = "rb", bufsize: int = 8192, *, settings: Settings | None = None,
-    storage_options: StorageOptions | None = None, **options: Any,
+    storage_options: StorageOptions | None = None, cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str | None = None, url_to_name: Callable[[str], str] | None = None,
+    **options: Any,
 ) -> BinaryIO:
     """Open ``url`` (local path, ``file:``, ``pipe:``, ``-`` or any registered scheme).
 
     ``settings`` defaults to ``Settings.from_env()``; ``storage_options`` (per scheme, or flat
-    for this URL's scheme) go to the fsspec filesystem; other keyword options to the opener.
+    for this URL's scheme) go to the fsspec filesystem; ``cache_dir``/``cache_size`` (bytes, or
+    ``"50GB"``) read through a shard cache, overriding ``WDS_CACHE``/``WDS_CACHE_SIZE``;
+    ``url_to_name`` gives the readable part of cache file names. Other keyword options go to
+    the opener.
     """
-    router = Router(settings or Settings.from_env(), storage_options or {})
+    settings = with_cache(settings or Settings.from_env(), cache_dir, cache_size)
+    router = Router(settings, storage_options or {}, url_to_name)
     return router.open(url, mode, bufsize=bufsize, **options)
+
+
+def with_cache(settings: Settings, cache_dir: str | os.PathLike[str] | None,
+               cache_size: int | str | None) -> Settings:
+    """``settings`` with explicit cache arguments in place of the environment's values."""
+    changes: dict[str, Any] = {}
+    if cache_dir is not None:
+        changes["cache_dir"] = expand_path(cache_dir)
+    if cache_size is not None:
+        changes["cache_size"] = parse_size(cache_size, name="cache_size")
+    return replace(settings, **changes) if changes else settings
 
 
 def reader(url: str, **options: Any) -> BinaryIO:

@@ -14,6 +14,9 @@ variable                 meaning
 ``WDS_CACHE``            shard cache directory; setting it turns caching on
 ``WDS_CACHE_SIZE``       cache bound in bytes (``1e9``, ``50GB``, ``500MiB``)
 ``WDS_VERBOSE_CACHE``    ``1``: one log line per cache hit, miss, fill and eviction
+``WDS_CACHE_REVALIDATE`` ``1``: ask the store on each cache hit whether the shard changed
+                         (ETag, generation) and fetch it again if it did
+``WDS_CACHE_LOCAL``      ``1``: cache local and NAS paths too (for slow network file systems)
 ``WDS_SECURE``           ``1``: refuse to unpickle (``.pyd``, ``.pickle``, ``.pth``) samples
 ``WDS_RETRIES``          retries of a failed request or dropped connection (default 8)
 ``WDS_RETRY_BACKOFF``    first backoff delay in seconds, doubled each retry (default 0.2)
@@ -41,7 +44,7 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-__all__ = ["Settings", "parse_bool", "parse_size"]
+__all__ = ["Settings", "expand_path", "human_size", "parse_bool", "parse_size"]
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -69,6 +72,20 @@ def parse_size(value: str | int | float, *, name: str = "size") -> int:
             f"{name}: cannot read {value!r} as a size; write bytes as e.g. 1e9, 50GB or 500MiB"
         )
     return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def expand_path(path: str | os.PathLike[str]) -> str:
+    """``path`` with ``~`` and ``$VARS`` expanded, made absolute."""
+    return os.path.abspath(os.path.expandvars(os.path.expanduser(os.fspath(path))))
+
+
+def human_size(n: float) -> str:
+    """``1536`` -> ``'1.5 KiB'`` (binary units; the inverse of :func:`parse_size`)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def parse_bool(value: str, *, name: str) -> bool:
@@ -115,6 +132,8 @@ class Settings:
     cache_dir: str | None = None
     cache_size: int | None = None
     verbose_cache: bool = False
+    cache_revalidate: bool = False
+    cache_local: bool = False
     secure: bool = False
     retries: int = 8
     retry_backoff: float = 0.2
@@ -151,9 +170,12 @@ class Settings:
             rewrite_var=rewrite_var,
             ais_endpoint=env.get("AIS_ENDPOINT") or None,
             use_ais_for=tuple(s.strip() for s in use_ais),
-            cache_dir=os.path.expandvars(os.path.expanduser(cache_dir)) if cache_dir else None,
+            cache_dir=expand_path(cache_dir) if cache_dir else None,
             cache_size=parse_size(size, name="WDS_CACHE_SIZE") if size else None,
             verbose_cache=parse_bool(env.get("WDS_VERBOSE_CACHE", ""), name="WDS_VERBOSE_CACHE"),
+            cache_revalidate=parse_bool(env.get("WDS_CACHE_REVALIDATE", ""),
+                                        name="WDS_CACHE_REVALIDATE"),
+            cache_local=parse_bool(env.get("WDS_CACHE_LOCAL", ""), name="WDS_CACHE_LOCAL"),
             secure=parse_bool(env.get("WDS_SECURE", ""), name="WDS_SECURE"),
             retries=cls.retries if retries is None else retries,
             retry_backoff=_float(env, "WDS_RETRY_BACKOFF", cls.retry_backoff),

@@ -1,0 +1,505 @@
+"""The on-disk shard cache: streams while it fills, one download per node, crash-safe, bounded.
+
+:class:`ShardCache` sits between the router and the openers (rewrite -> AIStore -> cache ->
+opener). Opening a URL through it:
+
+* **hit**: the published entry is opened, its record checked (size, key), its time of last use
+  set (LRU), and it is read like any local file;
+* **miss**: the process that gets the entry's lock makes the one request, reserves room (evicting
+  least-recently-used entries not in use), and copies the response into ``partial/<name>`` in a
+  background thread; readers in every process read that file as it grows. When all bytes are
+  there the validation record is written and the file is renamed into ``data/`` (``os.replace``);
+* **no room** (the shard is larger than the whole cache, or the entries that would have to go
+  are being read), **no size** (a response without a length): the shard is streamed from the
+  store and not cached, with a warning.
+
+Crash safety comes from the order of renames and from ``flock`` locks, which die with their
+process: a file is in ``data/`` only once complete, with its record written before it; a
+download whose lock is free is stale and is removed by the next process that looks. Readers of a
+download whose process died take it over from the byte they had reached.
+
+With ``revalidate``, a hit first asks the store for the object: if its version (ETag,
+generation) differs from the record's, the entry is fetched again from that same response.
+:meth:`verify` re-reads every entry against its record (size, CRC-32); :meth:`prune` and
+:meth:`clear` evict; :meth:`entries` and :meth:`usage` describe the directory. Locks are
+POSIX ``flock``: keep the directory on a local file system.
+
+Every hit, miss, fill and eviction is logged (logger ``wds_cloud.cache``) at DEBUG, or at INFO
+with ``verbose`` (``WDS_VERBOSE_CACHE=1``), which also shows them on stderr when logging is not
+configured.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import BinaryIO, cast
+
+from .cachefill import Fill, FillGone, GrowingFile
+from .cachelayout import CacheLayout, Record, footprint, stream_facts, unlink, url_key, write_atomic
+from .errors import TransferError
+from .settings import Settings, expand_path, human_size
+from .urls import redact, split_scheme
+
+__all__ = ["CacheEntry", "CacheUsage", "ShardCache"]
+
+log = logging.getLogger(__name__)
+
+_FILLS_PER_PROCESS = 4
+_FREE_MARGIN = 64 * 2**20  # an unbounded cache leaves at least this much of its disk free
+_POLL_FIRST, _POLL_MAX = 0.002, 0.05
+_UNCACHED = ("pipe", "-")
+_slots: dict[int, threading.BoundedSemaphore] = {}
+_warned: set[tuple[str, str]] = set()
+
+
+def _fill_slots() -> threading.BoundedSemaphore:
+    """The downloads this process may run at once (per process id, so a fork starts afresh)."""
+    pid = os.getpid()
+    if pid not in _slots:
+        _slots[pid] = threading.BoundedSemaphore(_FILLS_PER_PROCESS)
+    return _slots[pid]
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """A published entry: its file, the URL it holds (redacted), size, version, last use."""
+
+    name: str
+    path: str
+    url: str
+    size: int
+    version: str | None
+    last_used: float
+
+
+@dataclass(frozen=True)
+class CacheUsage:
+    """Entries and bytes of a cache directory, and downloads in progress."""
+
+    entries: int
+    bytes: int
+    downloads: int
+    download_bytes: int
+    limit: int | None
+
+
+class ShardCache:
+    """A shard cache in the directory ``root`` holding at most ``max_bytes`` (``None``: as much
+    as the disk allows). See the module docstring."""
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, max_bytes: int | None = None,
+        revalidate: bool = False, verbose: bool = False, cache_local: bool = False,
+        url_to_name: Callable[[str], str] | None = None,
+    ) -> None:
+        self.layout = CacheLayout(expand_path(root))
+        self.max_bytes = max_bytes
+        self.revalidate = revalidate
+        self.cache_local = cache_local
+        self.url_to_name = url_to_name
+        self._level = logging.INFO if verbose else logging.DEBUG
+        if verbose:
+            _show_on_stderr()
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, url_to_name: Callable[[str], str] | None = None,
+    ) -> ShardCache | None:
+        """The cache ``settings`` ask for, or ``None`` (no directory, or a size of 0)."""
+        if not settings.cache_dir or settings.cache_size == 0:
+            return None
+        return cls(settings.cache_dir, max_bytes=settings.cache_size,
+                   revalidate=settings.cache_revalidate, verbose=settings.verbose_cache,
+                   cache_local=settings.cache_local, url_to_name=url_to_name)
+
+    @property
+    def root(self) -> str:
+        return self.layout.root
+
+    def __repr__(self) -> str:
+        return f"ShardCache({self.root!r}, max_bytes={self.max_bytes})"
+
+    def wants(self, url: str) -> bool:
+        """Whether ``url`` (as resolved) goes through the cache: remote URLs always, local paths
+        only with ``cache_local``; never ``pipe:``, ``-`` or a file inside the cache."""
+        scheme = "-" if url == "-" else split_scheme(url)[0]
+        if scheme in _UNCACHED:
+            return False
+        if scheme in ("", "file"):
+            path = os.path.abspath(url.split(":", 1)[1] if scheme else url)
+            return self.cache_local and not path.startswith(self.root + os.sep)
+        return True
+
+    def open(self, url: str, open_stream: Callable[[], BinaryIO]) -> BinaryIO:
+        """A read stream of ``url`` from the cache; ``open_stream()`` opens it at the store
+        (called at most once, and only when the store has to be asked)."""
+        self.layout.ensure()
+        name = self.layout.name_for(url, self.url_to_name)
+        return self._attach(url, url_key(url), name, open_stream, pos=0, version=None)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _attach(
+        self, url: str, key: str, name: str, open_stream: Callable[[], BinaryIO], *, pos: int,
+        version: str | None,
+    ) -> BinaryIO:
+        """A stream of ``url`` from byte ``pos`` (of ``version`` when given): the published
+        entry, a download this process starts, or another process's download."""
+        stale: str | None = None
+        remote: BinaryIO | None = None
+        delay = _POLL_FIRST
+        while True:
+            hit = self._open_entry(name, key, url, skip=stale)
+            if hit is not None:
+                stream, record = hit
+                if self.revalidate and remote is None and pos == 0:
+                    try:
+                        remote = open_stream()
+                    except BaseException:
+                        stream.close()
+                        raise
+                    if stream_facts(remote)[1] in (None, record.version):
+                        remote.close()
+                        self._note("hit", url, f"{name} (still version {record.version})")
+                        return stream
+                    stream.close()
+                    stale = record.version
+                    self._note("changed", url, f"{name}: version {record.version} is out of date")
+                    continue
+                self._note("hit", url, name)
+                return _positioned(stream, record.version, pos, version, url)
+            lock = self.layout.try_lock(name)
+            if lock is not None:
+                if self._published(name, key, skip=stale):
+                    self.layout.unlock(lock, name)
+                    continue
+                return self._fill(url, key, name, lock, open_stream, remote, pos, version)
+            along = self._follow(url, key, name, open_stream, pos, version)
+            if along is not None:
+                if remote is not None:
+                    remote.close()
+                return along
+            time.sleep(delay)
+            delay = min(2 * delay, _POLL_MAX)
+
+    def _open_entry(
+        self, name: str, key: str, url: str, *, skip: str | None,
+    ) -> tuple[BinaryIO, Record] | None:
+        """The published entry, opened and locked against eviction, with its record."""
+        try:
+            fd = os.open(self.layout.data(name), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            st = os.fstat(fd)
+            record = self.layout.read_record(self.layout.meta(name))
+            problem = _check(record, key, st.st_size)
+            if st.st_nlink == 0 or problem or (record and record.version == skip
+                                               and skip is not None):
+                os.close(fd)
+                if problem and st.st_nlink:
+                    self._discard(name, url, problem)
+                return None
+            os.utime(fd)
+            stream = os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        stream.local_path = self.layout.data(name)  # type: ignore[attr-defined]
+        assert record is not None  # checked by _check
+        return stream, record
+
+    def _published(self, name: str, key: str, *, skip: str | None) -> bool:
+        record = self.layout.read_record(self.layout.meta(name))
+        return (os.path.exists(self.layout.data(name)) and record is not None
+                and record.key == key and (skip is None or record.version != skip))
+
+    def _follow(
+        self, url: str, key: str, name: str, open_stream: Callable[[], BinaryIO], pos: int,
+        version: str | None,
+    ) -> BinaryIO | None:
+        """A stream over another process's download of ``name``, if one is under way."""
+        record = self.layout.read_record(self.layout.part_record(name))
+        if record is None or record.key != key:
+            return None
+        try:
+            fd = os.open(self.layout.part(name), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        if os.fstat(fd).st_nlink == 0:
+            os.close(fd)
+            return None
+        if version is not None and record.version != version:
+            os.close(fd)
+            raise _changed(url, pos, version, record.version)
+        self._note("follow", url, f"{name}: reading along another process's download")
+        reattach = partial(self._reattach, url, key, name, open_stream)
+        return cast(BinaryIO, GrowingFile(
+            fd, size=record.size, version=record.version, pos=pos, fill=None,
+            probe=partial(self._probe, name), reattach=reattach))
+
+    def _reattach(self, url: str, key: str, name: str, open_stream: Callable[[], BinaryIO],
+                  pos: int, version: str | None) -> BinaryIO:
+        self._note("takeover", url, f"{name}: its download stopped; going on from byte {pos}")
+        return self._attach(url, key, name, open_stream, pos=pos, version=version)
+
+    def _probe(self, name: str, fd: int) -> None:
+        """Raise :class:`FillGone` unless the download read through ``fd`` is alive or done."""
+        st = os.fstat(fd)
+        try:
+            if os.stat(self.layout.data(name)).st_ino == st.st_ino:
+                return
+        except FileNotFoundError:
+            pass
+        if st.st_nlink == 0 or self.layout.lock_free(name):
+            raise FillGone(name)
+
+    # -- filling -----------------------------------------------------------------------------
+
+    def _fill(
+        self, url: str, key: str, name: str, lock: int, open_stream: Callable[[], BinaryIO],
+        remote: BinaryIO | None, pos: int, version: str | None,
+    ) -> BinaryIO:
+        """Download ``url`` into the entry while returning a stream over it (we hold its lock).
+        The stream is the store's own when the shard cannot be cached."""
+        self.layout.drop_partial(name)  # a dead process's download: nobody may follow it now
+        slots = _fill_slots()
+        slots.acquire()
+        fill: Fill | None = None
+        started = False
+        try:
+            remote = remote if remote is not None else open_stream()
+            size, got = stream_facts(remote)
+            if version is not None and got != version:
+                raise _changed(url, pos, version, got)
+            if size is None or not self._reserve(url, key, name, size, got):
+                if size is None:
+                    self._warn(url, "no-size", f"not caching {redact(url)}: the store did not "
+                               "say its size")
+                uncached, remote = remote, None
+                return _skip(uncached, pos)
+            part = self.layout.part(name)
+            fd_write = os.open(part, os.O_WRONLY)
+            fd_read = os.open(part, os.O_RDONLY)
+            record = Record(url=redact(url), key=key, size=size, version=got)
+            fill = Fill(remote, fd_write, size, label=redact(url),
+                        publish=partial(self._publish, name, record),
+                        abandon=partial(self._abandon, name, url),
+                        release=partial(_release, self.layout, lock, name, slots))
+            reader = GrowingFile(fd_read, size=size, version=got, pos=pos, fill=fill,
+                                 probe=partial(self._probe, name),
+                                 reattach=partial(self._reattach, url, key, name, open_stream))
+            self._note("miss", url, f"{name}: downloading {human_size(size)}")
+            fill.start()
+            started = True
+            return cast(BinaryIO, reader)
+        except BaseException:
+            if remote is not None:
+                remote.close()
+            if fill is not None:
+                os.close(fill.fd)
+                self.layout.drop_partial(name)
+            raise
+        finally:
+            if not started:
+                _release(self.layout, lock, name, slots)
+
+    def _reserve(self, url: str, key: str, name: str, size: int, version: str | None) -> bool:
+        """Make room for ``size`` bytes and record the download, or say why not."""
+        need = footprint(size)
+        limit = self.max_bytes
+        if limit is not None and need > limit:
+            self._warn(url, "too-big", f"{redact(url)} ({human_size(size)}) is larger than the "
+                       f"whole cache ({human_size(limit)}): it is streamed without caching")
+            return False
+        with self.layout.admission():
+            if limit is None:
+                free = shutil.disk_usage(self.root).free
+                if free < size + _FREE_MARGIN:
+                    self._warn(url, "disk", f"not caching {redact(url)}: only {human_size(free)} "
+                               f"free in {self.root}")
+                    return False
+            else:
+                used = self._used(exclude=name)
+                if used + need > limit:
+                    used = self._evict_lru(used + need - limit, used)
+                if used + need > limit:
+                    self._warn(url, "full", f"not caching {redact(url)}: the cache is full of "
+                               f"shards being read ({human_size(used)} of {human_size(limit)})")
+                    return False
+            record = Record(url=redact(url), key=key, size=size, version=version,
+                            pid=os.getpid())
+            write_atomic(self.layout.part_record(name), record.to_json())
+            os.close(os.open(self.layout.part(name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                             0o644))
+        return True
+
+    def _publish(self, name: str, record: Record, fill: Fill) -> None:
+        """Called by the fill thread with all bytes written: record, then rename into place."""
+        done = Record(url=record.url, key=record.key, size=record.size, version=record.version,
+                      crc32=fill.crc32)
+        unlink(self.layout.data(name))
+        write_atomic(self.layout.meta(name), done.to_json())
+        os.replace(self.layout.part(name), self.layout.data(name))
+        unlink(self.layout.part_record(name))
+        self._note("fill", record.url, f"{name}: {human_size(record.size)} cached")
+
+    def _abandon(self, name: str, url: str, fill: Fill, exc: BaseException) -> None:
+        self.layout.drop_partial(name)
+        why = "no reader left" if fill.error is None else f"{type(exc).__name__}: {exc}"
+        self._note("abandon", url, f"{name}: download stopped at byte {fill.written} ({why})")
+
+    # -- room --------------------------------------------------------------------------------
+
+    def _used(self, *, exclude: str | None = None) -> int:
+        """Bytes charged for entries and for downloads in progress; downloads whose process is
+        gone are removed on the way."""
+        total = sum(footprint(size) for _, size, _ in self._published_files())
+        for entry in self.layout.names("partial"):
+            if not entry.name.endswith(".json") or entry.name[:-5] == exclude:
+                continue
+            name = entry.name[:-5]
+            record = self.layout.read_record(entry.path)
+            if self._drop_if_stale(name) or record is None:
+                continue
+            total += footprint(record.size)
+        return total
+
+    def _published_files(self) -> list[tuple[float, int, str]]:
+        """(last use, size, name) of each published entry."""
+        found = []
+        for e in self.layout.names("data"):
+            try:
+                st = e.stat()
+            except FileNotFoundError:  # evicted meanwhile
+                continue
+            found.append((st.st_mtime, st.st_size, e.name))
+        return found
+
+    def _drop_if_stale(self, name: str) -> bool:
+        lock = self.layout.try_lock(name)
+        if lock is None:
+            return False
+        try:
+            self.layout.drop_partial(name)
+        finally:
+            self.layout.unlock(lock, name)
+        log.debug("removed the stale download of %s", name)
+        return True
+
+    def _evict_lru(self, excess: int, used: int) -> int:
+        """Evict least-recently-used entries not in use until ``excess`` bytes are freed."""
+        for _, _, name in sorted(self._published_files()):
+            if excess <= 0:
+                break
+            freed = self.evict(name)
+            excess -= freed
+            used -= freed
+        return used
+
+    def evict(self, name: str) -> int:
+        """Remove the entry ``name`` unless it is being read or filled; the bytes charged."""
+        lock = self.layout.try_lock(name)
+        if lock is None:
+            return 0
+        fd = -1
+        try:
+            fd = os.open(self.layout.data(name), os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            size = os.fstat(fd).st_size
+            unlink(self.layout.data(name))
+            unlink(self.layout.meta(name))
+        except (FileNotFoundError, BlockingIOError):
+            return 0
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            self.layout.unlock(lock, name, remove=True)
+        self._note("evict", name, f"{name}: {human_size(size)} evicted")
+        return footprint(size)
+
+    def _discard(self, name: str, url: str, problem: str) -> None:
+        lock = self.layout.try_lock(name)
+        if lock is None:
+            return
+        try:
+            if unlink(self.layout.data(name)):
+                log.warning("cache entry %s of %s was invalid (%s); fetching it again", name,
+                            redact(url), problem)
+            unlink(self.layout.meta(name))
+        finally:
+            self.layout.unlock(lock, name)
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def _note(self, event: str, url: str, text: str) -> None:
+        log.log(self._level, "cache %s %s: %s", event, redact(url), text)
+
+    def _warn(self, url: str, kind: str, text: str) -> None:
+        """Warn once per cache directory and kind, then log at the cache's level."""
+        if (self.root, kind) in _warned:
+            log.log(self._level, "cache skip: %s", text)
+            return
+        _warned.add((self.root, kind))
+        log.warning("%s", text)
+
+
+def _check(record: Record | None, key: str, size: int) -> str:
+    if record is None:
+        return "no readable record"
+    if record.key != key:
+        return "its record belongs to another URL"
+    if record.size != size:
+        return f"{size} bytes on disk, {record.size} recorded"
+    return ""
+
+
+def _positioned(stream: BinaryIO, got: str | None, pos: int, version: str | None,
+                url: str) -> BinaryIO:
+    if version is not None and got != version:
+        stream.close()
+        raise _changed(url, pos, version, got)
+    if pos:
+        stream.seek(pos)
+    return stream
+
+
+def _skip(remote: BinaryIO, pos: int) -> BinaryIO:
+    """``remote`` moved on to byte ``pos`` by reading (a takeover that cannot be cached)."""
+    left = pos
+    while left > 0:
+        got = remote.read(min(left, 4 * 2**20))
+        if not got:
+            raise TransferError(f"the object ended before byte {pos}", offset=pos - left)
+        left -= len(got)
+    return remote
+
+
+def _changed(url: str, pos: int, want: str | None, got: str | None) -> TransferError:
+    return TransferError(f"{redact(url)} changed while it was read (version {want!r}, now "
+                         f"{got!r}, at byte {pos})", url=redact(url), offset=pos)
+
+
+def _release(layout: CacheLayout, lock: int, name: str,
+             slots: threading.BoundedSemaphore) -> None:
+    layout.unlock(lock, name)
+    slots.release()
+
+
+def _show_on_stderr() -> None:
+    """``WDS_VERBOSE_CACHE=1`` with logging not configured: show the cache's lines anyway."""
+    if not log.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
