@@ -362,9 +362,10 @@ class ShardCache:
 
     def _used(self, *, exclude: str | None = None) -> int:
         """Bytes charged for entries and for downloads in progress; downloads whose process is
-        gone are removed on the way."""
-        total = sum(footprint(size) for _, size, _ in self._published_files())
-        for entry in self.layout.names("partial"):
+        gone are removed on the way. Downloads are listed first: one published between the two
+        listings is then counted twice for a moment, never not at all."""
+        total = 0
+        for entry in list(self.layout.names("partial")):
             if not entry.name.endswith(".json") or entry.name[:-5] == exclude:
                 continue
             name = entry.name[:-5]
@@ -372,7 +373,7 @@ class ShardCache:
             if self._drop_if_stale(name) or record is None:
                 continue
             total += footprint(record.size)
-        return total
+        return total + sum(footprint(size) for _, size, _ in self._published_files())
 
     def _published_files(self) -> list[tuple[float, int, str]]:
         """(last use, size, name) of each published entry."""

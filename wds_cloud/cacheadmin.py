@@ -43,11 +43,14 @@ def entries(cache: ShardCache) -> list[CacheEntry]:
 
 
 def usage(cache: ShardCache) -> CacheUsage:
-    """How many entries and bytes the cache holds, and its downloads in progress."""
+    """How many entries and bytes the cache holds, and its live downloads (those of processes
+    that died are not counted: the next look at the cache removes them)."""
     published = entries(cache)
-    downloads = [r for r in (cache.layout.read_record(e.path)
-                             for e in cache.layout.names("partial") if e.name.endswith(".json"))
-                 if r is not None]
+    downloads = []
+    for e in cache.layout.names("partial"):
+        record = cache.layout.read_record(e.path) if e.name.endswith(".json") else None
+        if record is not None and not cache.layout.lock_free(e.name[:-5]):
+            downloads.append(record)
     return CacheUsage(entries=len(published), bytes=sum(e.size for e in published),
                       downloads=len(downloads), download_bytes=sum(r.size for r in downloads),
                       limit=cache.max_bytes)
@@ -112,31 +115,33 @@ def prune(cache: ShardCache, to: int) -> tuple[list[str], int]:
 
 
 def clear(cache: ShardCache) -> tuple[int, int]:
-    """Remove every entry not in use; how many were removed and how many are kept."""
+    """Remove every entry not in use, and downloads of dead processes; how many entries were
+    removed and how many are kept."""
     evicted, _ = prune(cache, 0)
     return len(evicted), len(entries(cache))
 
 
 def recover(cache: ShardCache) -> int:
-    """Remove what dead processes left: downloads, orphaned records and temporary files."""
-    removed = 0
+    """Remove what dead processes left: downloads (counted), orphaned records, lock files and
+    temporary files. Returns how many downloads were removed."""
     lay = cache.layout
-    for e in lay.names("partial"):
-        name = e.name[:-5] if e.name.endswith(".json") else e.name
+    lay.ensure()
+    removed = 0
+    for name in {e.name.removesuffix(".json") for e in lay.names("partial")}:
         lock = lay.try_lock(name)
         if lock is not None:
             lay.drop_partial(name)
-            lay.unlock(lock, name)
+            lay.unlock(lock, name, remove=not os.path.exists(lay.data(name)))
             removed += 1
     for e in lay.names("meta"):
-        name = e.name[:-5]
+        name = e.name.removesuffix(".json")
         if not os.path.exists(lay.data(name)):
             lock = lay.try_lock(name)
             if lock is not None:
-                removed += unlink(e.path)
-                lay.unlock(lock, name)
+                unlink(e.path)
+                lay.unlock(lock, name, remove=True)
     for e in lay.names("locks"):
-        name = e.name[:-5]
+        name = e.name.removesuffix(".lock")
         if e.name != "cache.lock" and not os.path.exists(lay.data(name)):
             lock = lay.try_lock(name)
             if lock is not None:
@@ -145,7 +150,7 @@ def recover(cache: ShardCache) -> int:
         with os.scandir(os.path.join(lay.root, sub)) as it:
             for e in it:
                 if e.name.endswith(".tmp") and not _alive(e.name):
-                    removed += unlink(e.path)
+                    unlink(e.path)
     return removed
 
 

@@ -1,8 +1,9 @@
 """Filling a cache entry while it is read (see :mod:`wds_cloud.cache`).
 
-A :class:`Fill` copies one remote stream into the entry's file under ``partial/`` in a daemon
-thread named ``wds-cache-fill``, computing its CRC-32, and hands it to ``publish`` once all
-``size`` bytes are there; on any error, or when every reader of this process has closed before
+A :class:`Fill` copies one remote stream into the entry's file under ``partial/``: a daemon
+thread named ``wds-cache-fill`` downloads into a few reused buffers while another,
+``wds-cache-write``, writes them and computes the CRC-32; once all ``size`` bytes are there the
+file goes to ``publish``; on any error, or when every reader of this process has closed before
 the end, it hands it to ``abandon`` instead. Either way it then calls ``release``.
 
 A :class:`GrowingFile` reads such a file from its own descriptor while it grows, holding a
@@ -18,6 +19,7 @@ import contextlib
 import fcntl
 import io
 import os
+import queue
 import threading
 import time
 import zlib
@@ -29,8 +31,10 @@ from .errors import CacheError, TransferError, WdsCloudError
 __all__ = ["Fill", "FillGone", "GrowingFile"]
 
 CHUNK = 1 << 20
+_DEPTH = 8  # buffers in flight between a download and the writing of its file
 _POLL_FIRST, _POLL_MAX = 0.002, 0.05
 _WAIT = 1.0  # seconds between checks on a fill of this process that makes no progress
+_SETTLE = 10.0  # seconds a reader at the end waits for its fill to publish
 
 
 class FillGone(Exception):
@@ -58,6 +62,7 @@ class Fill:
         self.finished = False
         self._readers = 0
         self._cancelled = False
+        self._write_error: BaseException | None = None
         self._cond = threading.Condition()
 
     def start(self) -> None:
@@ -84,39 +89,79 @@ class Fill:
                     url=self.label, offset=self.written)
             return self.written
 
-    def _run(self) -> None:
-        try:
-            self._copy()
-            self._publish(self)
-        except BaseException as exc:  # handed to the readers, never lost
-            self.error = _as_cache_error(exc, self.label)
-            self._abandon(self, exc)
-        finally:
-            with contextlib.suppress(Exception):  # a broken connection may fail to close
-                self.remote.close()
-            os.close(self.fd)
-            self._release()
-            with self._cond:
-                self.finished = True
-                self._cond.notify_all()
+    def wait_finished(self, timeout: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.finished, timeout=timeout)
 
-    def _copy(self) -> None:
-        view = memoryview(bytearray(CHUNK))
-        while self.written < self.size:
+    def _run(self) -> None:
+        chunks: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
+        free: queue.Queue[bytearray] = queue.Queue()
+        for _ in range(_DEPTH):
+            free.put(bytearray(CHUNK))
+        writer = threading.Thread(target=self._write, args=(chunks, free),
+                                  name="wds-cache-write", daemon=True)
+        writer.start()
+        failure: BaseException | None = None
+        try:
+            self._download(chunks, free)
+        except BaseException as exc:  # handed to the readers, never lost
+            failure = exc
+        chunks.put(None)
+        writer.join()
+        try:
+            failure = failure or self._write_error
+            if failure is None:
+                self._publish(self)
+        except BaseException as exc:
+            failure = exc
+        if failure is not None:
+            self.error = _as_cache_error(failure, self.label)
+            self._abandon(self, failure)
+        with contextlib.suppress(Exception):  # a broken connection may fail to close
+            self.remote.close()
+        os.close(self.fd)
+        self._release()
+        with self._cond:
+            self.finished = True
+            self._cond.notify_all()
+
+    def _download(self, chunks: queue.Queue[tuple[bytearray, int] | None],
+                  free: queue.Queue[bytearray]) -> None:
+        """Read the response into free buffers and queue them for :meth:`_write`, so the next
+        bytes arrive while the last ones are written."""
+        got = 0
+        while got < self.size and self._write_error is None:
             if self._cancelled:
                 raise _Cancelled
-            n = self._readinto(view[: min(CHUNK, self.size - self.written)])
+            buf = free.get()
+            n = self._readinto(memoryview(buf)[: min(CHUNK, self.size - got)])
             if not n:
+                free.put(buf)
                 raise TransferError(
-                    f"{self.label} ended at byte {self.written} of {self.size}; nothing was "
-                    "cached", url=self.label, offset=self.written)
-            done = 0
-            while done < n:
-                done += os.write(self.fd, view[done:n])
-            self.crc32 = zlib.crc32(view[:n], self.crc32)
-            with self._cond:
-                self.written += n
-                self._cond.notify_all()
+                    f"{self.label} ended at byte {got} of {self.size}; nothing was cached",
+                    url=self.label, offset=got)
+            chunks.put((buf, n))
+            got += n
+
+    def _write(self, chunks: queue.Queue[tuple[bytearray, int] | None],
+               free: queue.Queue[bytearray]) -> None:
+        """Write queued buffers to the file and the CRC; readers see each as it lands."""
+        while (item := chunks.get()) is not None:
+            buf, n = item
+            if self._write_error is None:
+                try:
+                    with memoryview(buf) as view:
+                        done = 0
+                        while done < n:
+                            done += os.write(self.fd, view[done:n])
+                        self.crc32 = zlib.crc32(view[:n], self.crc32)
+                except BaseException as exc:  # a full disk: the download stops
+                    self._write_error = exc
+                else:
+                    with self._cond:
+                        self.written += n
+                        self._cond.notify_all()
+            free.put(buf)
 
 
 def _as_cache_error(exc: BaseException, label: str) -> BaseException | None:
@@ -182,7 +227,10 @@ class GrowingFile(io.RawIOBase):
                 return n or 0
             if self.closed:
                 raise ValueError("I/O operation on closed cache stream")
-            if not len(view) or self._pos >= self._size:
+            if self._pos >= self._size:
+                self._settle()
+                return 0
+            if not len(view):
                 return 0
             with self._io:  # close() from another thread must not free the fd mid-read
                 if self._fd < 0:
@@ -196,6 +244,13 @@ class GrowingFile(io.RawIOBase):
                 self._delay = _POLL_FIRST
                 return n
             self._wait()
+
+    def _settle(self) -> None:
+        """At the end, let this process's fill publish the entry before the caller goes on (a
+        script that exits right after reading would otherwise kill it first)."""
+        fill = self._fill
+        if fill is not None:
+            fill.wait_finished(_SETTLE)
 
     def _wait(self) -> None:
         fill = self._fill
