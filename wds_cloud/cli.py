@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import wds_cloud as wds
+from wds_cloud.cachecli import add_cache_parser
+from wds_cloud.settings import human_size
 
 __all__ = ["main"]
 
@@ -59,15 +61,6 @@ class Progress:
         if self.enabled:
             self.stream.write("\r" + " " * 100 + "\r")
             self.stream.flush()
-
-
-def human_size(n: float) -> str:
-    """``1536`` -> ``'1.5 KiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def sample_bytes(sample: dict[str, Any]) -> int:
@@ -242,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p.set_defaults(func=cmd_demo)
+
+    add_cache_parser(sub)
     return parser
 
 
