@@ -34,7 +34,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +42,8 @@ from functools import partial
 from typing import BinaryIO, cast
 
 from .cachefill import Fill, FillGone, GrowingFile
-from .cachelayout import CacheLayout, Record, footprint, stream_facts, unlink, url_key, write_atomic
+from .cachelayout import CacheLayout, Record, stream_facts, unlink, url_key, write_atomic
+from .cacheroom import CacheLog, Room
 from .errors import TransferError
 from .settings import Settings, expand_path, human_size
 from .urls import redact, split_scheme
@@ -53,11 +53,9 @@ __all__ = ["CacheEntry", "CacheUsage", "ShardCache"]
 log = logging.getLogger(__name__)
 
 _FILLS_PER_PROCESS = 4
-_FREE_MARGIN = 64 * 2**20  # an unbounded cache leaves at least this much of its disk free
 _POLL_FIRST, _POLL_MAX = 0.002, 0.05
 _UNCACHED = ("pipe", "-")
 _slots: dict[int, threading.BoundedSemaphore] = {}
-_warned: set[tuple[str, str]] = set()
 
 
 def _fill_slots() -> threading.BoundedSemaphore:
@@ -105,9 +103,8 @@ class ShardCache:
         self.revalidate = revalidate
         self.cache_local = cache_local
         self.url_to_name = url_to_name
-        self._level = logging.INFO if verbose else logging.DEBUG
-        if verbose:
-            _show_on_stderr()
+        self.report = CacheLog(self.layout.root, verbose=verbose)
+        self.room = Room(self.layout, max_bytes, self.report)
 
     @classmethod
     def from_settings(
@@ -168,13 +165,14 @@ class ShardCache:
                         raise
                     if stream_facts(remote)[1] in (None, record.version):
                         remote.close()
-                        self._note("hit", url, f"{name} (still version {record.version})")
+                        self.report.note("hit", url, f"{name} (still version {record.version})")
                         return stream
                     stream.close()
                     stale = record.version
-                    self._note("changed", url, f"{name}: version {record.version} is out of date")
+                    self.report.note("changed", url,
+                                     f"{name}: version {record.version} is out of date")
                     continue
-                self._note("hit", url, name)
+                self.report.note("hit", url, name)
                 return _positioned(stream, record.version, pos, version, url)
             lock = self.layout.try_lock(name)
             if lock is not None:
@@ -241,7 +239,7 @@ class ShardCache:
         if version is not None and record.version != version:
             os.close(fd)
             raise _changed(url, pos, version, record.version)
-        self._note("follow", url, f"{name}: reading along another process's download")
+        self.report.note("follow", url, f"{name}: reading along another process's download")
         reattach = partial(self._reattach, url, key, name, open_stream)
         return cast(BinaryIO, GrowingFile(
             fd, size=record.size, version=record.version, pos=pos, fill=None,
@@ -249,7 +247,7 @@ class ShardCache:
 
     def _reattach(self, url: str, key: str, name: str, open_stream: Callable[[], BinaryIO],
                   pos: int, version: str | None) -> BinaryIO:
-        self._note("takeover", url, f"{name}: its download stopped; going on from byte {pos}")
+        self.report.note("takeover", url, f"{name}: its download stopped; going on from byte {pos}")
         return self._attach(url, key, name, open_stream, pos=pos, version=version)
 
     def _probe(self, name: str, fd: int) -> None:
@@ -281,10 +279,10 @@ class ShardCache:
             size, got = stream_facts(remote)
             if version is not None and got != version:
                 raise _changed(url, pos, version, got)
-            if size is None or not self._reserve(url, key, name, size, got):
+            if size is None or not self.room.reserve(url, key, name, size, got):
                 if size is None:
-                    self._warn(url, "no-size", f"not caching {redact(url)}: the store did not "
-                               "say its size")
+                    self.report.warn(url, "no-size", f"not caching {redact(url)}: the store "
+                                     "did not say its size")
                 uncached, remote = remote, None
                 return _skip(uncached, pos)
             part = self.layout.part(name)
@@ -298,7 +296,7 @@ class ShardCache:
             reader = GrowingFile(fd_read, size=size, version=got, pos=pos, fill=fill,
                                  probe=partial(self._probe, name),
                                  reattach=partial(self._reattach, url, key, name, open_stream))
-            self._note("miss", url, f"{name}: downloading {human_size(size)}")
+            self.report.note("miss", url, f"{name}: downloading {human_size(size)}")
             fill.start()
             started = True
             return cast(BinaryIO, reader)
@@ -313,36 +311,6 @@ class ShardCache:
             if not started:
                 _release(self.layout, lock, name, slots)
 
-    def _reserve(self, url: str, key: str, name: str, size: int, version: str | None) -> bool:
-        """Make room for ``size`` bytes and record the download, or say why not."""
-        need = footprint(size)
-        limit = self.max_bytes
-        if limit is not None and need > limit:
-            self._warn(url, "too-big", f"{redact(url)} ({human_size(size)}) is larger than the "
-                       f"whole cache ({human_size(limit)}): it is streamed without caching")
-            return False
-        with self.layout.admission():
-            if limit is None:
-                free = shutil.disk_usage(self.root).free
-                if free < size + _FREE_MARGIN:
-                    self._warn(url, "disk", f"not caching {redact(url)}: only {human_size(free)} "
-                               f"free in {self.root}")
-                    return False
-            else:
-                used = self._used(exclude=name)
-                if used + need > limit:
-                    used = self._evict_lru(used + need - limit, used)
-                if used + need > limit:
-                    self._warn(url, "full", f"not caching {redact(url)}: the cache is full of "
-                               f"shards being read ({human_size(used)} of {human_size(limit)})")
-                    return False
-            record = Record(url=redact(url), key=key, size=size, version=version,
-                            pid=os.getpid())
-            write_atomic(self.layout.part_record(name), record.to_json())
-            os.close(os.open(self.layout.part(name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                             0o644))
-        return True
-
     def _publish(self, name: str, record: Record, fill: Fill) -> None:
         """Called by the fill thread with all bytes written: record, then rename into place."""
         done = Record(url=record.url, key=record.key, size=record.size, version=record.version,
@@ -351,82 +319,18 @@ class ShardCache:
         write_atomic(self.layout.meta(name), done.to_json())
         os.replace(self.layout.part(name), self.layout.data(name))
         unlink(self.layout.part_record(name))
-        self._note("fill", record.url, f"{name}: {human_size(record.size)} cached")
+        self.report.note("fill", record.url, f"{name}: {human_size(record.size)} cached")
 
     def _abandon(self, name: str, url: str, fill: Fill, exc: BaseException) -> None:
         self.layout.drop_partial(name)
         why = "no reader left" if fill.error is None else f"{type(exc).__name__}: {exc}"
-        self._note("abandon", url, f"{name}: download stopped at byte {fill.written} ({why})")
+        self.report.note("abandon", url, f"{name}: download stopped at byte {fill.written} ({why})")
 
     # -- room --------------------------------------------------------------------------------
 
-    def _used(self, *, exclude: str | None = None) -> int:
-        """Bytes charged for entries and for downloads in progress; downloads whose process is
-        gone are removed on the way. Downloads are listed first: one published between the two
-        listings is then counted twice for a moment, never not at all."""
-        total = 0
-        for entry in list(self.layout.names("partial")):
-            if not entry.name.endswith(".json") or entry.name[:-5] == exclude:
-                continue
-            name = entry.name[:-5]
-            record = self.layout.read_record(entry.path)
-            if self._drop_if_stale(name) or record is None:
-                continue
-            total += footprint(record.size)
-        return total + sum(footprint(size) for _, size, _ in self._published_files())
-
-    def _published_files(self) -> list[tuple[float, int, str]]:
-        """(last use, size, name) of each published entry."""
-        found = []
-        for e in self.layout.names("data"):
-            try:
-                st = e.stat()
-            except FileNotFoundError:  # evicted meanwhile
-                continue
-            found.append((st.st_mtime, st.st_size, e.name))
-        return found
-
-    def _drop_if_stale(self, name: str) -> bool:
-        lock = self.layout.try_lock(name)
-        if lock is None:
-            return False
-        try:
-            self.layout.drop_partial(name)
-        finally:
-            self.layout.unlock(lock, name)
-        log.debug("removed the stale download of %s", name)
-        return True
-
-    def _evict_lru(self, excess: int, used: int) -> int:
-        """Evict least-recently-used entries not in use until ``excess`` bytes are freed."""
-        for _, _, name in sorted(self._published_files()):
-            if excess <= 0:
-                break
-            freed = self.evict(name)
-            excess -= freed
-            used -= freed
-        return used
-
     def evict(self, name: str) -> int:
-        """Remove the entry ``name`` unless it is being read or filled; the bytes charged."""
-        lock = self.layout.try_lock(name)
-        if lock is None:
-            return 0
-        fd = -1
-        try:
-            fd = os.open(self.layout.data(name), os.O_RDONLY)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            size = os.fstat(fd).st_size
-            unlink(self.layout.data(name))
-            unlink(self.layout.meta(name))
-        except (FileNotFoundError, BlockingIOError):
-            return 0
-        finally:
-            if fd >= 0:
-                os.close(fd)
-            self.layout.unlock(lock, name, remove=True)
-        self._note("evict", name, f"{name}: {human_size(size)} evicted")
-        return footprint(size)
+        """Remove the entry ``name`` unless it is being read or filled; the bytes it freed."""
+        return self.room.evict(name)
 
     def _discard(self, name: str, url: str, problem: str) -> None:
         lock = self.layout.try_lock(name)
@@ -439,20 +343,6 @@ class ShardCache:
             unlink(self.layout.meta(name))
         finally:
             self.layout.unlock(lock, name)
-
-    # -- reporting ---------------------------------------------------------------------------
-
-    def _note(self, event: str, url: str, text: str) -> None:
-        log.log(self._level, "cache %s %s: %s", event, redact(url), text)
-
-    def _warn(self, url: str, kind: str, text: str) -> None:
-        """Warn once per cache directory and kind, then log at the cache's level."""
-        if (self.root, kind) in _warned:
-            log.log(self._level, "cache skip: %s", text)
-            return
-        _warned.add((self.root, kind))
-        log.warning("%s", text)
-
 
 def _check(record: Record | None, key: str, size: int) -> str:
     if record is None:
@@ -494,13 +384,3 @@ def _release(layout: CacheLayout, lock: int, name: str,
              slots: threading.BoundedSemaphore) -> None:
     layout.unlock(lock, name)
     slots.release()
-
-
-def _show_on_stderr() -> None:
-    """``WDS_VERBOSE_CACHE=1`` with logging not configured: show the cache's lines anyway."""
-    if not log.hasHandlers():
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-        log.addHandler(handler)
-    if log.getEffectiveLevel() > logging.INFO:
-        log.setLevel(logging.INFO)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import os
 import queue
 import threading
@@ -27,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
 from .errors import CacheError, TransferError, WdsCloudError
+from .remote import SequentialStream
 
 __all__ = ["Fill", "FillGone", "GrowingFile"]
 
@@ -176,7 +176,7 @@ def _as_cache_error(exc: BaseException, label: str) -> BaseException | None:
     return exc
 
 
-class GrowingFile(io.RawIOBase):
+class GrowingFile(SequentialStream):
     """A read stream over an entry being filled, by ``fill`` (this process) or another process.
 
     ``probe()`` is called when another process's fill makes no progress: it returns normally
@@ -205,18 +205,8 @@ class GrowingFile(io.RawIOBase):
     def version(self) -> str | None:
         return self._version
 
-    def readable(self) -> bool:
-        return True
-
     def tell(self) -> int:
         return self._pos
-
-    def readall(self) -> bytes:
-        chunk = bytearray(4 * CHUNK)
-        parts = []
-        while n := self.readinto(chunk):
-            parts.append(bytes(chunk[:n]))
-        return b"".join(parts)
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")

@@ -45,6 +45,7 @@ __all__ = [
     "ResumableStream",
     "RetryPolicy",
     "RetryableError",
+    "SequentialStream",
     "io_stats",
     "opener_options",
     "reset_io_stats",
@@ -151,7 +152,22 @@ class RangeSource(Protocol):
     def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]: ...
 
 
-class ResumableStream(io.RawIOBase):
+class SequentialStream(io.RawIOBase):
+    """A readable, forward-only raw stream whose ``read()`` to the end goes in large pieces
+    (not io's 8 KiB ones); subclasses define ``readinto``."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readall(self) -> bytes:
+        chunk = bytearray(4 * 2**20)
+        parts = []
+        while n := self.readinto(chunk):
+            parts.append(bytes(chunk[:n]))
+        return b"".join(parts)
+
+
+class ResumableStream(SequentialStream):
     """A read-only stream over a :class:`RangeSource` that retries and resumes (see module doc).
 
     The first fetch happens here, so a missing object raises at open. ``url`` and
@@ -186,19 +202,8 @@ class ResumableStream(io.RawIOBase):
         """The ETag/generation pinned at open, if the store gave one."""
         return self._version
 
-    def readable(self) -> bool:
-        return True
-
     def tell(self) -> int:
         return self._pos
-
-    def readall(self) -> bytes:
-        """The rest of the object, read in large pieces (not io's 8 KiB ones)."""
-        chunk = bytearray(4 * 2**20)
-        parts = []
-        while n := self.readinto(chunk):
-            parts.append(bytes(chunk[:n]))
-        return b"".join(parts)
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
