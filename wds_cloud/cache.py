@@ -34,7 +34,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,18 +51,8 @@ __all__ = ["CacheEntry", "CacheUsage", "ShardCache"]
 
 log = logging.getLogger(__name__)
 
-_FILLS_PER_PROCESS = 4
 _POLL_FIRST, _POLL_MAX = 0.002, 0.05
 _UNCACHED = ("pipe", "-")
-_slots: dict[int, threading.BoundedSemaphore] = {}
-
-
-def _fill_slots() -> threading.BoundedSemaphore:
-    """The downloads this process may run at once (per process id, so a fork starts afresh)."""
-    pid = os.getpid()
-    if pid not in _slots:
-        _slots[pid] = threading.BoundedSemaphore(_FILLS_PER_PROCESS)
-    return _slots[pid]
 
 
 @dataclass(frozen=True)
@@ -270,8 +259,6 @@ class ShardCache:
         """Download ``url`` into the entry while returning a stream over it (we hold its lock).
         The stream is the store's own when the shard cannot be cached."""
         self.layout.drop_partial(name)  # a dead process's download: nobody may follow it now
-        slots = _fill_slots()
-        slots.acquire()
         fill: Fill | None = None
         started = False
         try:
@@ -292,7 +279,7 @@ class ShardCache:
             fill = Fill(remote, fd_write, size, label=redact(url),
                         publish=partial(self._publish, name, record),
                         abandon=partial(self._abandon, name, url),
-                        release=partial(_release, self.layout, lock, name, slots))
+                        release=partial(self.layout.unlock, lock, name))
             reader = GrowingFile(fd_read, size=size, version=got, pos=pos, fill=fill,
                                  probe=partial(self._probe, name),
                                  reattach=partial(self._reattach, url, key, name, open_stream))
@@ -309,7 +296,7 @@ class ShardCache:
             raise
         finally:
             if not started:
-                _release(self.layout, lock, name, slots)
+                self.layout.unlock(lock, name)
 
     def _publish(self, name: str, record: Record, fill: Fill) -> None:
         """Called by the fill thread with all bytes written: record, then rename into place."""
@@ -378,9 +365,3 @@ def _skip(remote: BinaryIO, pos: int) -> BinaryIO:
 def _changed(url: str, pos: int, want: str | None, got: str | None) -> TransferError:
     return TransferError(f"{redact(url)} changed while it was read (version {want!r}, now "
                          f"{got!r}, at byte {pos})", url=redact(url), offset=pos)
-
-
-def _release(layout: CacheLayout, lock: int, name: str,
-             slots: threading.BoundedSemaphore) -> None:
-    layout.unlock(lock, name)
-    slots.release()

@@ -35,6 +35,7 @@ _DEPTH = 8  # buffers in flight between a download and the writing of its file
 _POLL_FIRST, _POLL_MAX = 0.002, 0.05
 _WAIT = 1.0  # seconds between checks on a fill of this process that makes no progress
 _SETTLE = 10.0  # seconds a reader at the end waits for its fill to publish
+FINISH_TAIL = 1 << 20  # a download this close to its end is finished even with no reader left
 
 
 class FillGone(Exception):
@@ -73,10 +74,12 @@ class Fill:
             self._readers += 1
 
     def detach(self) -> None:
-        """A reader closed; with none left before the end, the download stops."""
+        """A reader closed; with none left and more than a tail to go, the download stops (a
+        tar reader stops at the end-of-archive blocks: the padding after them is still
+        fetched, so the shard is cached)."""
         with self._cond:
             self._readers -= 1
-            if self._readers <= 0 and self.written < self.size:
+            if self._readers <= 0 and self.size - self.written > FINISH_TAIL:
                 self._cancelled = True
 
     def wait(self, pos: int) -> int:
@@ -268,6 +271,9 @@ class GrowingFile(SequentialStream):
 
     def close(self) -> None:
         if not self.closed:
+            fill = self._fill
+            if fill is not None and fill.size - fill.written <= FINISH_TAIL:
+                fill.wait_finished(_SETTLE)  # publish before the caller may exit
             self._close_fd()
             if self._delegate is not None:
                 self._delegate.close()
