@@ -19,11 +19,12 @@ from typing import Any
 from stores.nginx import AccessLogEntry, NginxServer
 from stores.procs import http_request
 
+from wds_cloud.cache import wait_downloads
+
 __all__ = ["DiskSampler", "cache_files", "make_shard", "sample_digest", "settled_log",
            "shard_gets", "wait_for"]
 
 CACHE_PARTS = ("data", "meta", "partial")
-FILL_THREAD = "wds-cache-fill"
 
 
 def make_shard(prefix: str, count: int, size: int) -> tuple[bytes, list[str]]:
@@ -64,8 +65,7 @@ def settled(root: Path) -> list[str]:
     process's fill threads have ended: a reader may see a shard's last byte before its fill
     thread publishes it, logs it and lets go of its lock."""
     def done() -> bool:
-        filling = any(t.name == FILL_THREAD and t.is_alive() for t in threading.enumerate())
-        return not filling and cache_files(root, "partial") == []
+        return wait_downloads(0.1) and cache_files(root, "partial") == []
 
     wait_for(done, f"the downloads in {root} to end")
     return cache_files(root)

@@ -20,6 +20,7 @@ from stores.nginx import HttpStore, NginxServer
 from stores.proxy import FaultProxy
 
 import wds_cloud as wds
+from wds_cloud.cache import wait_downloads
 from wds_cloud.cachelayout import footprint
 from wds_cloud.cli import main
 from wds_cloud.settings import human_size
@@ -39,8 +40,7 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT) ->
 
 def fills_done() -> None:
     """Wait until this process's downloads have published (readers may finish first)."""
-    wait_for(lambda: not any(t.name == "wds-cache-fill" for t in threading.enumerate()),
-             "the cache's fill threads")
+    wait_for(lambda: wait_downloads(0.1), "the cache's downloads")
 
 
 @dataclass

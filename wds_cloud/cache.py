@@ -40,19 +40,26 @@ from dataclasses import dataclass
 from functools import partial
 from typing import BinaryIO, cast
 
-from .cachefill import Fill, FillGone, GrowingFile
+from .cachefill import Fill, FillGone, GrowingFile, TeeStream, wait_fills
 from .cachelayout import CacheLayout, Record, stream_facts, unlink, url_key, write_atomic
 from .cacheroom import CacheLog, Room
 from .errors import TransferError
 from .settings import Settings, expand_path, human_size
 from .urls import redact, split_scheme
 
-__all__ = ["CacheEntry", "CacheUsage", "ShardCache"]
+__all__ = ["CacheEntry", "CacheUsage", "ShardCache", "wait_downloads"]
 
 log = logging.getLogger(__name__)
 
 _POLL_FIRST, _POLL_MAX = 0.002, 0.05
 _UNCACHED = ("pipe", "-")
+
+
+def wait_downloads(timeout: float | None = None) -> bool:
+    """Wait until this process's downloads into caches have been written and published (or
+    dropped); ``False`` if some were still going after ``timeout`` seconds. Readers get a
+    shard's last byte a moment before its entry is published."""
+    return wait_fills(timeout)
 
 
 @dataclass(frozen=True)
@@ -231,7 +238,7 @@ class ShardCache:
         self.report.note("follow", url, f"{name}: reading along another process's download")
         reattach = partial(self._reattach, url, key, name, open_stream)
         return cast(BinaryIO, GrowingFile(
-            fd, size=record.size, version=record.version, pos=pos, fill=None,
+            fd, size=record.size, version=record.version, pos=pos,
             probe=partial(self._probe, name), reattach=reattach))
 
     def _reattach(self, url: str, key: str, name: str, open_stream: Callable[[], BinaryIO],
@@ -256,11 +263,9 @@ class ShardCache:
         self, url: str, key: str, name: str, lock: int, open_stream: Callable[[], BinaryIO],
         remote: BinaryIO | None, pos: int, version: str | None,
     ) -> BinaryIO:
-        """Download ``url`` into the entry while returning a stream over it (we hold its lock).
-        The stream is the store's own when the shard cannot be cached."""
+        """Download ``url`` into the entry (we hold its lock) through the stream returned: the
+        store's own stream, teed into the entry's file, or not teed when it cannot be cached."""
         self.layout.drop_partial(name)  # a dead process's download: nobody may follow it now
-        fill: Fill | None = None
-        started = False
         try:
             remote = remote if remote is not None else open_stream()
             size, got = stream_facts(remote)
@@ -270,33 +275,28 @@ class ShardCache:
                 if size is None:
                     self.report.warn(url, "no-size", f"not caching {redact(url)}: the store "
                                      "did not say its size")
+                self.layout.unlock(lock, name)
                 uncached, remote = remote, None
                 return _skip(uncached, pos)
-            part = self.layout.part(name)
-            fd_write = os.open(part, os.O_WRONLY)
-            fd_read = os.open(part, os.O_RDONLY)
-            record = Record(url=redact(url), key=key, size=size, version=got)
-            fill = Fill(remote, fd_write, size, label=redact(url),
-                        publish=partial(self._publish, name, record),
+            fill = Fill(os.open(self.layout.part(name), os.O_WRONLY), size, label=redact(url),
+                        publish=partial(self._publish, name, Record(redact(url), key, size, got)),
                         abandon=partial(self._abandon, name, url),
                         release=partial(self.layout.unlock, lock, name))
-            reader = GrowingFile(fd_read, size=size, version=got, pos=pos, fill=fill,
-                                 probe=partial(self._probe, name),
-                                 reattach=partial(self._reattach, url, key, name, open_stream))
-            self.report.note("miss", url, f"{name}: downloading {human_size(size)}")
-            fill.start()
-            started = True
-            return cast(BinaryIO, reader)
         except BaseException:
             if remote is not None:
                 remote.close()
-            if fill is not None:
-                os.close(fill.fd)
-                self.layout.drop_partial(name)
+            self.layout.drop_partial(name)
+            self.layout.unlock(lock, name)
             raise
-        finally:
-            if not started:
-                self.layout.unlock(lock, name)
+        self.report.note("miss", url, f"{name}: downloading {human_size(size)}")
+        fill.start()
+        probe = os.open(self.layout.part(name), os.O_RDONLY)
+        try:
+            return cast(BinaryIO, TeeStream(remote, fill, version=got, probe_fd=probe, pos=pos))
+        except BaseException:  # the fill was told and gives up
+            remote.close()
+            os.close(probe)
+            raise
 
     def _publish(self, name: str, record: Record, fill: Fill) -> None:
         """Called by the fill thread with all bytes written: record, then rename into place."""
@@ -310,7 +310,7 @@ class ShardCache:
 
     def _abandon(self, name: str, url: str, fill: Fill, exc: BaseException) -> None:
         self.layout.drop_partial(name)
-        why = "no reader left" if fill.error is None else f"{type(exc).__name__}: {exc}"
+        why = "the reader stopped" if fill.error is None else f"{type(exc).__name__}: {exc}"
         self.report.note("abandon", url, f"{name}: download stopped at byte {fill.written} ({why})")
 
     # -- room --------------------------------------------------------------------------------

@@ -1,170 +1,193 @@
 """Filling a cache entry while it is read (see :mod:`wds_cloud.cache`).
 
-A :class:`Fill` copies one remote stream into the entry's file under ``partial/``: a daemon
-thread named ``wds-cache-fill`` downloads into a few reused buffers while another,
-``wds-cache-write``, writes them and computes the CRC-32; once all ``size`` bytes are there the
-file goes to ``publish``; on any error, or when every reader of this process has closed before
-the end, it hands it to ``abandon`` instead. Either way it then calls ``release``.
+The process that downloads an entry reads the store's response through a :class:`TeeStream`:
+the reader gets each piece as it arrives, exactly as without a cache, and the piece is handed
+to the entry's :class:`Fill`, whose thread (``wds-cache-write``) writes it to the file under
+``partial/`` and adds it to the CRC-32. When all ``size`` bytes are written the file goes to
+``publish``; after an error, or when the reader closes with more than :data:`FINISH_TAIL`
+bytes still to come, it goes to ``abandon``. Either way ``release`` is called last.
 
-A :class:`GrowingFile` reads such a file from its own descriptor while it grows, holding a
-shared ``flock`` on it so the entry is not evicted under it once published. It follows a fill
-of its own process through the fill's condition variable, and a fill of another process by
-polling the file's size; if that process dies or gives up, ``reattach(pos, version)`` finds
-the bytes from ``pos`` on elsewhere (the published entry, a new fill, or the store).
+Every other reader, in this process or another, follows the file as it grows with a
+:class:`GrowingFile`, holding a shared ``flock`` on it so the entry is not evicted under it once
+published. If the downloading process dies or gives up, ``reattach(pos, version)`` finds the
+bytes from ``pos`` on elsewhere (the published entry, a new download, or the store).
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
-import queue
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
 from .errors import CacheError, TransferError, WdsCloudError
 from .remote import SequentialStream
 
-__all__ = ["Fill", "FillGone", "GrowingFile"]
+__all__ = ["FINISH_TAIL", "Fill", "FillGone", "GrowingFile", "TeeStream", "wait_fills"]
 
-CHUNK = 1 << 20
-_DEPTH = 8  # buffers in flight between a download and the writing of its file
+FINISH_TAIL = 1 << 20  # a reader closing this close to the end lets the download finish
+_BACKLOG = 64 << 20  # bytes read but not yet written before the reader waits for the disk
 _POLL_FIRST, _POLL_MAX = 0.002, 0.05
-_WAIT = 1.0  # seconds between checks on a fill of this process that makes no progress
-_SETTLE = 10.0  # seconds a reader at the end waits for its fill to publish
-FINISH_TAIL = 1 << 20  # a download this close to its end is finished even with no reader left
+_IDLE = 0.05  # seconds without a piece after which the writer checks for readers along
+_SETTLE = 30.0  # seconds a reader at the end waits for the entry to be written and published
 
 
 class FillGone(Exception):
     """The process filling an entry stopped before finishing it."""
 
 
-class _Cancelled(Exception):
-    """Every reader of this process closed before the fill ended."""
+class _Writer:
+    """The one thread of a process (``wds-cache-write``) that writes its cache files, in the
+    order pieces were fed: one writer keeps the disk and the kernel's page allocator from
+    being contended by every download at once."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[Fill, bytes | BaseException | None]] = deque()
+        self._cond = threading.Condition()
+        self.fills: set[Fill] = set()
+        threading.Thread(target=self._run, name="wds-cache-write", daemon=True).start()
+
+    def put(self, fill: Fill, item: bytes | BaseException | None) -> None:
+        with self._cond:
+            self._items.append((fill, item))
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                ready = self._cond.wait_for(lambda: bool(self._items), timeout=_IDLE)
+                fill, item = self._items.popleft() if ready else (None, None)
+            if fill is None:
+                self._idle()
+            else:
+                fill.handle(item)
+
+    def _idle(self) -> None:
+        now = time.monotonic()
+        for fill in list(self.fills):
+            if now - fill.fed_at > _IDLE and fill.on_idle is not None:
+                fill.on_idle()
+
+
+_writers: dict[int, _Writer] = {}
+_writers_lock = threading.Lock()
+
+
+def wait_fills(timeout: float | None = None) -> bool:
+    """Wait until this process's fills have ended (published or dropped); ``False`` if some
+    were still running after ``timeout`` seconds."""
+    writer = _writers.get(os.getpid())
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for fill in list(writer.fills) if writer is not None else []:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        fill.wait_finished(left)
+    return writer is None or not writer.fills
+
+
+def _writer() -> _Writer:
+    """This process's writer (per process id: a forked child starts its own)."""
+    pid = os.getpid()
+    with _writers_lock:
+        if pid not in _writers:
+            _writers[pid] = _Writer()
+        return _writers[pid]
 
 
 class Fill:
-    """One download of ``size`` bytes from ``remote`` into the descriptor ``fd``."""
+    """Writes the ``size`` bytes of one entry to the descriptor ``fd`` as they are fed."""
 
     def __init__(
-        self, remote: BinaryIO, fd: int, size: int, *, label: str,
-        publish: Callable[[Fill], None], abandon: Callable[[Fill, BaseException], None],
-        release: Callable[[], None],
+        self, fd: int, size: int, *, label: str, publish: Callable[[Fill], None],
+        abandon: Callable[[Fill, BaseException], None], release: Callable[[], None],
     ) -> None:
-        self.remote, self.fd, self.size, self.label = remote, fd, size, label
+        self.fd, self.size, self.label = fd, size, label
         self._publish, self._abandon, self._release = publish, abandon, release
-        self._readinto = cast(Any, remote).readinto
         self.written = 0
         self.crc32 = 0
         self.error: BaseException | None = None
         self.finished = False
-        self._readers = 0
-        self._cancelled = False
-        self._write_error: BaseException | None = None
+        self.on_idle: Callable[[], None] | None = None
+        self.fed_at = time.monotonic()
+        self._backlog = 0
         self._cond = threading.Condition()
+        self._writer = _writer()
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name="wds-cache-fill", daemon=True).start()
+        self._writer.fills.add(self)
 
-    def attach(self) -> None:
+    def feed(self, piece: bytes) -> bool:
+        """Queue ``piece`` for writing (waiting while the disk is far behind); ``False`` once
+        writing has failed (a full disk): the entry is dropped, the reader goes on."""
         with self._cond:
-            self._readers += 1
+            self._cond.wait_for(lambda: self._backlog < _BACKLOG or self.finished)
+            if self.finished:
+                return False
+            self._backlog += len(piece)
+        self.fed_at = time.monotonic()
+        self._writer.put(self, piece)
+        return True
 
-    def detach(self) -> None:
-        """A reader closed; with none left and more than a tail to go, the download stops (a
-        tar reader stops at the end-of-archive blocks: the padding after them is still
-        fetched, so the shard is cached)."""
-        with self._cond:
-            self._readers -= 1
-            if self._readers <= 0 and self.size - self.written > FINISH_TAIL:
-                self._cancelled = True
+    def end(self, failure: BaseException | None = None) -> None:
+        """No more pieces: publish once written, or give up because of ``failure``."""
+        self._writer.put(self, failure)
 
-    def wait(self, pos: int) -> int:
-        """How many bytes are there, once more than ``pos`` are (or the fill ended)."""
-        with self._cond:
-            self._cond.wait_for(lambda: self.written > pos or self.finished, timeout=_WAIT)
-            if self.written <= pos and self.finished:
-                raise self.error or TransferError(
-                    f"the download of {self.label} stopped at byte {self.written}",
-                    url=self.label, offset=self.written)
-            return self.written
-
-    def wait_finished(self, timeout: float) -> None:
+    def wait_finished(self, timeout: float | None) -> None:
         with self._cond:
             self._cond.wait_for(lambda: self.finished, timeout=timeout)
 
-    def _run(self) -> None:
-        chunks: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
-        free: queue.Queue[bytearray] = queue.Queue()
-        for _ in range(_DEPTH):
-            free.put(bytearray(CHUNK))
-        writer = threading.Thread(target=self._write, args=(chunks, free),
-                                  name="wds-cache-write", daemon=True)
-        writer.start()
-        failure: BaseException | None = None
+    def wait_written(self, pos: int) -> int:
+        """How many bytes are written, once more than ``pos`` are; the fill's error if it
+        ended first."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.written > pos or self.finished)
+            if self.written > pos:
+                return self.written
+            raise self.error or CacheError(
+                f"the cache entry of {self.label} was dropped at byte {self.written}")
+
+    def handle(self, item: bytes | BaseException | None) -> None:
+        """In the writer: write a piece, or finish on the end marker (``None``: publish)."""
+        if self.finished:
+            return
         try:
-            self._download(chunks, free)
-        except BaseException as exc:  # handed to the readers, never lost
-            failure = exc
-        chunks.put(None)
-        writer.join()
-        try:
-            failure = failure or self._write_error
-            if failure is None:
-                self._publish(self)
-        except BaseException as exc:
-            failure = exc
-        if failure is not None:
-            self.error = _as_cache_error(failure, self.label)
-            self._abandon(self, failure)
-        with contextlib.suppress(Exception):  # a broken connection may fail to close
-            self.remote.close()
+            if isinstance(item, bytes):
+                self._write(item)
+                return
+            if item is not None:
+                raise item
+            if self.written != self.size:
+                raise TransferError(f"{self.label} ended at byte {self.written} of {self.size}"
+                                    "; nothing was cached", url=self.label, offset=self.written)
+            self._publish(self)
+        except BaseException as exc:  # handed to the reader, never lost
+            with self._cond:
+                self.error = _as_cache_error(exc, self.label)
+            self._abandon(self, exc)
+        self._writer.fills.discard(self)
         os.close(self.fd)
         self._release()
         with self._cond:
             self.finished = True
             self._cond.notify_all()
 
-    def _download(self, chunks: queue.Queue[tuple[bytearray, int] | None],
-                  free: queue.Queue[bytearray]) -> None:
-        """Read the response into free buffers and queue them for :meth:`_write`, so the next
-        bytes arrive while the last ones are written."""
-        got = 0
-        while got < self.size and self._write_error is None:
-            if self._cancelled:
-                raise _Cancelled
-            buf = free.get()
-            n = self._readinto(memoryview(buf)[: min(CHUNK, self.size - got)])
-            if not n:
-                free.put(buf)
-                raise TransferError(
-                    f"{self.label} ended at byte {got} of {self.size}; nothing was cached",
-                    url=self.label, offset=got)
-            chunks.put((buf, n))
-            got += n
+    def _write(self, piece: bytes) -> None:
+        with memoryview(piece) as view:
+            done = 0
+            while done < len(view):
+                done += os.write(self.fd, view[done:])
+        self.crc32 = zlib.crc32(piece, self.crc32)
+        with self._cond:
+            self.written += len(piece)
+            self._backlog -= len(piece)
+            self._cond.notify_all()
 
-    def _write(self, chunks: queue.Queue[tuple[bytearray, int] | None],
-               free: queue.Queue[bytearray]) -> None:
-        """Write queued buffers to the file and the CRC; readers see each as it lands."""
-        while (item := chunks.get()) is not None:
-            buf, n = item
-            if self._write_error is None:
-                try:
-                    with memoryview(buf) as view:
-                        done = 0
-                        while done < n:
-                            done += os.write(self.fd, view[done:n])
-                        self.crc32 = zlib.crc32(view[:n], self.crc32)
-                except BaseException as exc:  # a full disk: the download stops
-                    self._write_error = exc
-                else:
-                    with self._cond:
-                        self.written += n
-                        self._cond.notify_all()
-            free.put(buf)
+
+class _Cancelled(Exception):
+    """The reader closed far from the end: the download is dropped."""
 
 
 def _as_cache_error(exc: BaseException, label: str) -> BaseException | None:
@@ -179,26 +202,177 @@ def _as_cache_error(exc: BaseException, label: str) -> BaseException | None:
     return exc
 
 
-class GrowingFile(SequentialStream):
-    """A read stream over an entry being filled, by ``fill`` (this process) or another process.
+class TeeStream(SequentialStream):
+    """The store's stream ``remote`` read by the downloading process, every piece also fed to
+    ``fill``; starts at byte ``pos`` (the bytes before it are still fed).
 
-    ``probe()`` is called when another process's fill makes no progress: it returns normally
-    while that fill is alive and raises :class:`FillGone` when it is not.
+    The reader pulls from the store itself, so the download goes at its pace, as without a
+    cache. When readers in other processes wait on the file (they hold shared locks on it,
+    which ``probe_fd`` detects) while this one is idle, or when this one closes early, a
+    thread (``wds-cache-pump``) pulls the rest; this reader then catches up from the file.
+    """
+
+    def __init__(self, remote: BinaryIO, fill: Fill, *, version: str | None, probe_fd: int,
+                 pos: int = 0) -> None:
+        super().__init__()
+        self._remote, self._fill, self._version, self._fd = remote, fill, version, probe_fd
+        self._readinto = cast(Any, remote).readinto
+        self._pos = self._fed = 0
+        self._done = self._pumping = False
+        self._feeding = True
+        self._lock = threading.Lock()  # held while pulling from the store
+        self._state = threading.Lock()  # guards the probe descriptor and the pump's hand-off
+        self._closing = False
+        fill.on_idle = self._on_idle
+        if pos:
+            self._skip(pos)
+
+    @property
+    def size(self) -> int:
+        return self._fill.size
+
+    @property
+    def version(self) -> str | None:
+        return self._version
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on closed cache stream")
+        view = memoryview(buffer).cast("B")
+        if self._pos >= self._fill.size:
+            self._finish()
+            return 0
+        if not len(view):
+            return 0
+        with self._lock:
+            if self._fed == self._pos:
+                n = self._pull(view)
+                self._pos += n
+                return n
+        have = self._fill.wait_written(self._pos)  # the pump went ahead: read its bytes back
+        with self._state:
+            n = os.preadv(self._fd, [view[: have - self._pos]], self._pos)
+        self._pos += n
+        return n
+
+    def _pull(self, view: memoryview) -> int:
+        """The next piece from the store into ``view``, fed to the fill (lock held)."""
+        try:
+            n = self._readinto(view[: self._fill.size - self._fed])
+            if not n:
+                raise TransferError(f"{self._fill.label} ended at byte {self._fed} of "
+                                    f"{self._fill.size}", url=self._fill.label, offset=self._fed)
+            if self._feeding:
+                self._feeding = self._fill.feed(bytes(view[:n]))
+        except BaseException as exc:
+            self._end(exc)
+            raise
+        self._fed += n
+        if self._fed >= self._fill.size:
+            self._end(None)
+        return n
+
+    def _skip(self, pos: int) -> None:
+        buffer = bytearray(min(pos, 4 << 20))
+        while self._pos < pos:
+            if not self.readinto(memoryview(buffer)[: pos - self._pos]):
+                raise TransferError(f"{self._fill.label} ended before byte {pos}",
+                                    url=self._fill.label, offset=self._pos)
+
+    def _end(self, failure: BaseException | None) -> None:
+        if not self._done:
+            self._done = True
+            self._fill.end(failure)
+
+    def _finish(self) -> None:
+        """All bytes read: wait for them to be written and the entry published (a script
+        that exits right after reading would otherwise kill the writer first)."""
+        self._end(None)
+        self._fill.wait_finished(_SETTLE)
+
+    def _followed(self) -> bool:
+        """Whether a reader elsewhere holds a shared lock on the file (is reading along)."""
+        with self._state:
+            if self._fd < 0:
+                return False
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            return False
+
+    def _on_idle(self) -> None:
+        if not self._done and not self._pumping and self._feeding and self._followed():
+            self._start_pump()
+
+    def _start_pump(self) -> None:
+        with self._lock:
+            if self._pumping or self._done:
+                return
+            self._pumping = True
+        threading.Thread(target=self._pump, name="wds-cache-pump", daemon=True).start()
+
+    def _pump(self) -> None:
+        view = memoryview(bytearray(1 << 20))
+        try:
+            while not self._done and self._feeding:
+                with self._lock:
+                    if self._done or not self._feeding:
+                        break
+                    self._pull(view)
+        except BaseException:
+            pass
+        finally:
+            with self._state:
+                self._pumping = False
+                orphaned = self._closing
+            if orphaned:
+                self._remote.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        left = self._fill.size - self._fed
+        if self._done or left <= 0:
+            self._finish()
+        elif left <= FINISH_TAIL or self._pumping or self._followed():
+            self._start_pump()  # a tar reader stops before the padding; others read along
+            if left <= FINISH_TAIL:
+                self._fill.wait_finished(_SETTLE)
+        else:
+            self._end(_Cancelled())
+        super().close()
+        with self._state:
+            self._closing = True
+            pumping = self._pumping
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+        if not pumping:  # else the pump closes it when done
+            self._remote.close()
+
+
+class GrowingFile(SequentialStream):
+    """A read stream over an entry another reader is downloading (in this process or another).
+
+    ``probe(fd)`` is called when the file makes no progress: it returns while the download is
+    alive or done and raises :class:`FillGone` when it is not.
     """
 
     def __init__(
-        self, fd: int, *, size: int, version: str | None, pos: int, fill: Fill | None,
+        self, fd: int, *, size: int, version: str | None, pos: int,
         probe: Callable[[int], None], reattach: Callable[[int, str | None], BinaryIO],
     ) -> None:
         super().__init__()
         fcntl.flock(fd, fcntl.LOCK_SH)
         self._fd, self._size, self._version, self._pos = fd, size, version, pos
-        self._fill, self._probe, self._reattach = fill, probe, reattach
+        self._probe, self._reattach = probe, reattach
         self._delegate: BinaryIO | None = None
         self._io = threading.Lock()
         self._delay = _POLL_FIRST
-        if fill is not None:
-            fill.attach()
 
     @property
     def size(self) -> int:
@@ -220,16 +394,12 @@ class GrowingFile(SequentialStream):
                 return n or 0
             if self.closed:
                 raise ValueError("I/O operation on closed cache stream")
-            if self._pos >= self._size:
-                self._settle()
-                return 0
-            if not len(view):
+            if self._pos >= self._size or not len(view):
                 return 0
             with self._io:  # close() from another thread must not free the fd mid-read
                 if self._fd < 0:
                     continue
-                fill = self._fill
-                have = fill.written if fill is not None else os.fstat(self._fd).st_size
+                have = os.fstat(self._fd).st_size
                 n = os.preadv(self._fd, [view[: have - self._pos]], self._pos) \
                     if have > self._pos else 0
             if n:
@@ -238,18 +408,7 @@ class GrowingFile(SequentialStream):
                 return n
             self._wait()
 
-    def _settle(self) -> None:
-        """At the end, let this process's fill publish the entry before the caller goes on (a
-        script that exits right after reading would otherwise kill it first)."""
-        fill = self._fill
-        if fill is not None:
-            fill.wait_finished(_SETTLE)
-
     def _wait(self) -> None:
-        fill = self._fill
-        if fill is not None:
-            fill.wait(self._pos)
-            return
         time.sleep(self._delay)
         self._delay = min(2 * self._delay, _POLL_MAX)
         if os.fstat(self._fd).st_size > self._pos:
@@ -265,15 +424,9 @@ class GrowingFile(SequentialStream):
             fd, self._fd = self._fd, -1
             if fd >= 0:
                 os.close(fd)
-        fill, self._fill = self._fill, None
-        if fill is not None:
-            fill.detach()
 
     def close(self) -> None:
         if not self.closed:
-            fill = self._fill
-            if fill is not None and fill.size - fill.written <= FINISH_TAIL:
-                fill.wait_finished(_SETTLE)  # publish before the caller may exit
             self._close_fd()
             if self._delegate is not None:
                 self._delegate.close()

@@ -41,7 +41,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +53,7 @@ os.environ.setdefault("NO_GCE_CHECK", "true")
 from stores.nginx import NginxServer
 
 import wds_cloud as wds
+from wds_cloud.cache import wait_downloads
 
 MB = 10**6
 MEMBER = 2**20
@@ -83,11 +83,8 @@ def epoch(urls: list[str], cache_dir: str | None = None) -> int:
 
 def fills_done(timeout: float = 120.0) -> None:
     """Wait for the cache's downloads of this process to publish."""
-    deadline = time.monotonic() + timeout
-    while any(t.name == "wds-cache-fill" for t in threading.enumerate()):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the cache's fill threads did not finish")
-        time.sleep(0.01)
+    if not wait_downloads(timeout):
+        raise RuntimeError("the cache's downloads did not finish")
 
 
 def cpu_seconds() -> float:
