@@ -306,14 +306,20 @@ class TeeStream(SequentialStream):
             return False
 
     def _on_idle(self) -> None:
+        """Called by the writer thread, which must never wait: a reader holding the lock is
+        pulling, so no pump is needed."""
         if not self._done and not self._pumping and self._feeding and self._followed():
-            self._start_pump()
+            self._start_pump(wait=False)
 
-    def _start_pump(self) -> None:
-        with self._lock:
+    def _start_pump(self, *, wait: bool = True) -> None:
+        if not self._lock.acquire(blocking=wait):
+            return
+        try:
             if self._pumping or self._done:
                 return
             self._pumping = True
+        finally:
+            self._lock.release()
         threading.Thread(target=self._pump, name="wds-cache-pump", daemon=True).start()
 
     def _pump(self) -> None:
