@@ -216,6 +216,7 @@ class TeeStream(SequentialStream):
                  pos: int = 0) -> None:
         super().__init__()
         self._remote, self._fill, self._version, self._fd = remote, fill, version, probe_fd
+        self._size = fill.size
         self._readinto = cast(Any, remote).readinto
         self._pos = self._fed = 0
         self._done = self._pumping = False
@@ -226,17 +227,6 @@ class TeeStream(SequentialStream):
         fill.on_idle = self._on_idle
         if pos:
             self._skip(pos)
-
-    @property
-    def size(self) -> int:
-        return self._fill.size
-
-    @property
-    def version(self) -> str | None:
-        return self._version
-
-    def tell(self) -> int:
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         if self.closed:
@@ -375,21 +365,11 @@ class GrowingFile(SequentialStream):
         super().__init__()
         fcntl.flock(fd, fcntl.LOCK_SH)
         self._fd, self._size, self._version, self._pos = fd, size, version, pos
+        self._stop = size
         self._probe, self._reattach = probe, reattach
         self._delegate: BinaryIO | None = None
         self._io = threading.Lock()
         self._delay = _POLL_FIRST
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def version(self) -> str | None:
-        return self._version
-
-    def tell(self) -> int:
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
@@ -400,7 +380,7 @@ class GrowingFile(SequentialStream):
                 return n or 0
             if self.closed:
                 raise ValueError("I/O operation on closed cache stream")
-            if self._pos >= self._size or not len(view):
+            if self._pos >= self._stop or not len(view):
                 return 0
             with self._io:  # close() from another thread must not free the fd mid-read
                 if self._fd < 0:

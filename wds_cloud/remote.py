@@ -153,8 +153,26 @@ class RangeSource(Protocol):
 
 
 class SequentialStream(io.RawIOBase):
-    """A readable, forward-only raw stream whose ``read()`` to the end goes in large pieces
-    (not io's 8 KiB ones); subclasses define ``readinto``."""
+    """A readable, forward-only raw stream of one object whose ``read()`` to the end goes in
+    large pieces (not io's 8 KiB ones); subclasses define ``readinto`` and keep ``_pos``,
+    ``_size`` and ``_version``."""
+
+    _pos: int = 0
+    _size: int | None = None
+    _version: str | None = None
+
+    @property
+    def size(self) -> int | None:
+        """The object's size in bytes, if the store said."""
+        return self._size
+
+    @property
+    def version(self) -> str | None:
+        """The ETag/generation pinned at open, if the store gave one."""
+        return self._version
+
+    def tell(self) -> int:
+        return self._pos
 
     def readable(self) -> bool:
         return True
@@ -191,19 +209,6 @@ class ResumableStream(SequentialStream):
         self._size: int | None = None
         self._body: Body | None = None
         self._body = self._fetch(first=True)
-
-    @property
-    def size(self) -> int | None:
-        """The object's size in bytes, if the store said."""
-        return self._size
-
-    @property
-    def version(self) -> str | None:
-        """The ETag/generation pinned at open, if the store gave one."""
-        return self._version
-
-    def tell(self) -> int:
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
