@@ -292,7 +292,9 @@ class ShardCache:
         fill.start()
         probe = os.open(self.layout.part(name), os.O_RDONLY)
         try:
-            return cast(BinaryIO, TeeStream(remote, fill, version=got, probe_fd=probe, pos=pos))
+            return cast(BinaryIO, TeeStream(
+                remote, fill, version=got, probe_fd=probe, pos=pos,
+                reopen=partial(_reopen, open_stream, url, got)))
         except BaseException:  # the fill was told and gives up
             remote.close()
             os.close(probe)
@@ -360,6 +362,17 @@ def _skip(remote: BinaryIO, pos: int) -> BinaryIO:
             raise TransferError(f"the object ended before byte {pos}", offset=pos - left)
         left -= len(got)
     return remote
+
+
+def _reopen(open_stream: Callable[[], BinaryIO], url: str, version: str | None,
+            pos: int) -> BinaryIO:
+    """The store's stream from byte ``pos``, of ``version``."""
+    remote = open_stream()
+    got = stream_facts(remote)[1]
+    if version is not None and got != version:
+        remote.close()
+        raise _changed(url, pos, version, got)
+    return _skip(remote, pos)
 
 
 def _changed(url: str, pos: int, want: str | None, got: str | None) -> TransferError:

@@ -209,12 +209,15 @@ class TeeStream(SequentialStream):
     The reader pulls from the store itself, so the download goes at its pace, as without a
     cache. When readers in other processes wait on the file (they hold shared locks on it,
     which ``probe_fd`` detects) while this one is idle, or when this one closes early, a
-    thread (``wds-cache-pump``) pulls the rest; this reader then catches up from the file.
+    thread (``wds-cache-pump``) pulls the rest; this reader then catches up from the file, or,
+    if the file could not be written, from ``reopen(pos)``: the store's stream from ``pos``.
     """
 
     def __init__(self, remote: BinaryIO, fill: Fill, *, version: str | None, probe_fd: int,
-                 pos: int = 0) -> None:
+                 reopen: Callable[[int], BinaryIO], pos: int = 0) -> None:
         super().__init__()
+        self._reopen = reopen
+        self._delegate: BinaryIO | None = None
         self._remote, self._fill, self._version, self._fd = remote, fill, version, probe_fd
         self._size = fill.size
         self._readinto = cast(Any, remote).readinto
@@ -242,9 +245,17 @@ class TeeStream(SequentialStream):
                 n = self._pull(view)
                 self._pos += n
                 return n
-        have = self._fill.wait_written(self._pos)  # the pump went ahead: read its bytes back
-        with self._state:
-            n = os.preadv(self._fd, [view[: have - self._pos]], self._pos)
+        if self._delegate is None:
+            try:
+                have = self._fill.wait_written(self._pos)  # the pump went ahead: read it back
+            except CacheError:  # it could not be written (a full disk): ask the store again
+                self._delegate = self._reopen(self._pos)
+            else:
+                with self._state:
+                    n = os.preadv(self._fd, [view[: have - self._pos]], self._pos)
+                self._pos += n
+                return n
+        n = cast(Any, self._delegate).readinto(view) or 0
         self._pos += n
         return n
 
@@ -349,6 +360,8 @@ class TeeStream(SequentialStream):
             os.close(fd)
         if not pumping:  # else the pump closes it when done
             self._remote.close()
+        if self._delegate is not None:
+            self._delegate.close()
 
 
 class GrowingFile(SequentialStream):
