@@ -525,3 +525,43 @@ def test_wait_downloads_reports_downloads_in_progress(
     assert proxy.stats()["faults"].get("stall") == 1
     assert entry_bytes(cache, url) == source
     assert cache_files(cache, "partial") == []
+
+
+# -- 6. a forked child does not keep its parent's entries locked -----------------------------
+
+
+def test_a_forked_child_does_not_keep_the_parents_download_locked(
+    nginx_server: NginxServer, tmp_path: Path,
+) -> None:
+    """A DataLoader worker is forked while this process downloads a shard (it holds the entry's
+    lock). The child inherits the lock's descriptor; it must close its copy, or the entry
+    would stay locked until the child exits, and every reader would wait on a download that
+    nobody makes. Here the parent drops its download while the child lives: the lock is free,
+    and the next reader downloads the shard."""
+    import multiprocessing
+
+    store = nginx_server.new_store()
+    key = "fork/shard-000.tar"
+    source = blob(4 * MiB, 9)
+    store.put(key, source)
+    url = store.url(key)
+    cache = tmp_path / "cache"
+    layout = CacheLayout(str(cache))
+    stream = wds.gopen(url, cache_dir=str(cache))
+    assert stream.read(64 * 1024) == source[: 64 * 1024]
+    assert not layout.lock_free(layout.name_for(url))  # downloading: locked
+    forked = multiprocessing.get_context("fork")
+    release = forked.Event()
+    child = forked.Process(target=release.wait, args=(WAIT,))
+    child.start()
+    try:
+        stream.close()  # far from the end, nobody along: the download is dropped
+        assert wait_downloads(WAIT)
+        assert layout.lock_free(layout.name_for(url)), "the forked child holds the entry's lock"
+        with wds.gopen(url, cache_dir=str(cache)) as again:
+            assert again.read() == source
+        assert wait_downloads(WAIT)
+        assert len(cache_files(cache)) == 1
+    finally:
+        release.set()
+        child.join(WAIT)

@@ -21,6 +21,7 @@ locks one checks afterwards that the path still names the file it locked.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -161,12 +162,13 @@ class CacheLayout:
         fd = self.try_lock(name)
         if fd is None:
             return False
-        os.close(fd)
+        self.unlock(fd, name)
         return True
 
     def unlock(self, fd: int, name: str, *, remove: bool = False) -> None:
         if remove:
             unlink(self.lock_path(name))
+        _held.discard(fd)
         os.close(fd)
 
     @contextmanager
@@ -202,8 +204,30 @@ def try_flock(path: str, op: int = fcntl.LOCK_EX) -> int | None:
         except FileNotFoundError:
             same = False
         if same:
+            _hold(fd)
             return fd
         os.close(fd)  # the file was removed and maybe re-created meanwhile: lock the new one
+
+
+_held: set[int] = set()  # entry locks this process holds
+_fork_hook: list[bool] = []
+
+
+def _hold(fd: int) -> None:
+    """Note a held entry lock. A forked child (a DataLoader worker) shares the lock with its
+    parent through the inherited descriptor, and would keep the entry locked until it exits:
+    the child closes its copies right after the fork, which leaves the parent's lock alone."""
+    if not _fork_hook:
+        _fork_hook.append(True)
+        os.register_at_fork(after_in_child=_drop_inherited_locks)
+    _held.add(fd)
+
+
+def _drop_inherited_locks() -> None:
+    for fd in list(_held):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
 
 
 def write_atomic(path: str, text: str) -> None:
