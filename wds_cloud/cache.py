@@ -6,9 +6,10 @@ opener). Opening a URL through it:
 * **hit**: the published entry is opened, its record checked (size, key), its time of last use
   set (LRU), and it is read like any local file;
 * **miss**: the process that gets the entry's lock makes the one request, reserves room (evicting
-  least-recently-used entries not in use), and copies the response into ``partial/<name>`` in a
-  background thread; readers in every process read that file as it grows. When all bytes are
-  there the validation record is written and the file is renamed into ``data/`` (``os.replace``);
+  least-recently-used entries not in use) and reads the response as it arrives, each piece also
+  written to ``partial/<name>`` by the process's writer thread (:mod:`wds_cloud.cachefill`);
+  readers in every other process read that file as it grows. When all bytes are there the
+  validation record is written and the file is renamed into ``data/`` (``os.replace``);
 * **no room** (the shard is larger than the whole cache, or the entries that would have to go
   are being read), **no size** (a response without a length): the shard is streamed from the
   store and not cached, with a warning.
@@ -20,8 +21,8 @@ download whose process died take it over from the byte they had reached.
 
 With ``revalidate``, a hit first asks the store for the object: if its version (ETag,
 generation) differs from the record's, the entry is fetched again from that same response.
-:meth:`verify` re-reads every entry against its record (size, CRC-32); :meth:`prune` and
-:meth:`clear` evict; :meth:`entries` and :meth:`usage` describe the directory. Locks are
+:mod:`wds_cloud.cacheadmin` lists, verifies (size, CRC-32), prunes and clears a directory;
+:mod:`wds_cloud.cacheroom` makes room; :mod:`wds_cloud.cachelayout` names the files. Locks are
 POSIX ``flock``: keep the directory on a local file system.
 
 Every hit, miss, fill and eviction is logged (logger ``wds_cloud.cache``) at DEBUG, or at INFO
