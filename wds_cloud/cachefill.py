@@ -30,7 +30,7 @@ from .remote import SequentialStream
 __all__ = ["FINISH_TAIL", "Fill", "FillGone", "GrowingFile", "TeeStream", "wait_fills"]
 
 FINISH_TAIL = 1 << 20  # a reader closing this close to the end lets the download finish
-_BACKLOG = 64 << 20  # bytes read but not yet written before the reader waits for the disk
+_BACKLOG = 64 << 20  # bytes read, not yet written, in all fills, before readers wait for the disk
 _POLL_FIRST, _POLL_MAX = 0.002, 0.05
 _IDLE = 0.05  # seconds without a piece after which the writer checks for readers along
 _SETTLE = 30.0  # seconds a reader at the end waits for the entry to be written and published
@@ -47,24 +47,40 @@ class _Writer:
 
     def __init__(self) -> None:
         self._items: deque[tuple[Fill, bytes | BaseException | None]] = deque()
+        self._backlog = 0
         self._cond = threading.Condition()
         self.fills: set[Fill] = set()
         threading.Thread(target=self._run, name="wds-cache-write", daemon=True).start()
 
-    def put(self, fill: Fill, item: bytes | BaseException | None) -> None:
+    def put(self, fill: Fill, item: bytes | BaseException | None) -> bool:
+        """Queue ``item`` of ``fill``. A piece waits while the pieces of all fills not yet
+        written add up to :data:`_BACKLOG` (memory stays bounded when the disk is slow); it is
+        refused (``False``) once ``fill`` has ended."""
         with self._cond:
+            if isinstance(item, bytes):
+                self._cond.wait_for(lambda: self._backlog < _BACKLOG or fill.finished)
+                if fill.finished:
+                    return False
+                self._backlog += len(item)
             self._items.append((fill, item))
-            self._cond.notify()
+            self._cond.notify_all()
+            return True
 
     def _run(self) -> None:
+        checked = time.monotonic()
         while True:
             with self._cond:
                 ready = self._cond.wait_for(lambda: bool(self._items), timeout=_IDLE)
                 fill, item = self._items.popleft() if ready else (None, None)
-            if fill is None:
+            if time.monotonic() - checked >= _IDLE:  # even while other fills keep it busy
                 self._idle()
-            else:
-                fill.handle(item)
+                checked = time.monotonic()
+            if fill is None:
+                continue
+            fill.handle(item)
+            with self._cond:
+                self._backlog -= len(item) if isinstance(item, bytes) else 0
+                self._cond.notify_all()
 
     def _idle(self) -> None:
         now = time.monotonic()
@@ -112,7 +128,6 @@ class Fill:
         self.finished = False
         self.on_idle: Callable[[], None] | None = None
         self.fed_at = time.monotonic()
-        self._backlog = 0
         self._cond = threading.Condition()
         self._writer = _writer()
 
@@ -122,14 +137,8 @@ class Fill:
     def feed(self, piece: bytes) -> bool:
         """Queue ``piece`` for writing (waiting while the disk is far behind); ``False`` once
         writing has failed (a full disk): the entry is dropped, the reader goes on."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._backlog < _BACKLOG or self.finished)
-            if self.finished:
-                return False
-            self._backlog += len(piece)
         self.fed_at = time.monotonic()
-        self._writer.put(self, piece)
-        return True
+        return self._writer.put(self, piece)
 
     def end(self, failure: BaseException | None = None) -> None:
         """No more pieces: publish once written, or give up because of ``failure``."""
@@ -182,7 +191,6 @@ class Fill:
         self.crc32 = zlib.crc32(piece, self.crc32)
         with self._cond:
             self.written += len(piece)
-            self._backlog -= len(piece)
             self._cond.notify_all()
 
 
