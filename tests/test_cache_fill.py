@@ -17,33 +17,32 @@ closes within ``FINISH_TAIL`` of the end.
    closing far from the end while another process reads along does not drop the download;
 5. ``wait_downloads(0)`` is False while this process downloads, True once it is published.
 
-The children are ``sys.executable`` running tests/cacheprocs/child.py, or a few lines given
-with ``-c`` (run with a timeout); each is killed when its test ends, and those driven line by
-line also get SIGKILL if the test process dies.
+The children are ``sys.executable`` running tests/cacheprocs/child.py (driven line by line by
+tests/cacheprocs/driver.py), or a few lines given with ``-c`` (run with a timeout); each is
+killed when its test ends, and those driven line by line also get SIGKILL if the test process
+dies.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import io
-import json
 import os
-import queue
 import random
 import re
-import signal
 import subprocess
 import sys
 import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import pytest
+from cacheprocs.driver import WAIT, Children, Spawn, let_go, release
 from cachetools import cache_files, settled_log, shard_gets, wait_for
 from stores import FaultProxy, HttpStore, NginxServer
 from stores.procs import child_env
@@ -54,8 +53,6 @@ from wds_cloud.cache import ShardCache, wait_downloads
 from wds_cloud.cachefill import FINISH_TAIL
 from wds_cloud.cachelayout import CacheLayout
 
-CHILD = Path(__file__).with_name("cacheprocs") / "child.py"
-WAIT = 60.0  # seconds any awaited condition may take on a loaded machine before the test fails
 MiB = 1 << 20
 
 
@@ -102,11 +99,6 @@ def entry_bytes(root: Path, url: str) -> bytes:
     return (root / "data" / layout(root).name_for(url)).read_bytes()
 
 
-def gets(server: NginxServer, store: HttpStore, key: str) -> int:
-    """GETs of ``key`` in nginx's own log (every request that ended before this call)."""
-    return shard_gets(settled_log(server), f"/{store.directory}/{key}")
-
-
 def read_all(stream: BinaryIO, piece: int = MiB) -> bytes:
     parts = []
     while chunk := stream.read(piece):
@@ -114,91 +106,65 @@ def read_all(stream: BinaryIO, piece: int = MiB) -> bytes:
     return b"".join(parts)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    import ctypes
+@dataclass(frozen=True)
+class Shard:
+    """A shard's bytes, put under ``key`` into a new store of the nginx server ``server``."""
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    server: NginxServer
+    store: HttpStore
+    key: str
+    source: bytes
+
+    @property
+    def url(self) -> str:
+        return self.store.url(self.key)
+
+    def gets(self) -> int:
+        """GETs of it in nginx's own log (every request that ended before this call)."""
+        return shard_gets(settled_log(self.server), f"/{self.store.directory}/{self.key}")
 
 
-class Proc:
-    """A child process driven line by line over stdin/stdout (stdout read by a thread)."""
+def put_shard(server: NginxServer, key: str, source: bytes) -> Shard:
+    store = server.new_store()
+    store.put(key, source)
+    return Shard(server, store, key, source)
 
-    def __init__(self, argv: list[str], *, stderr: Path, env: dict[str, str]) -> None:
-        self.stderr_path = stderr
-        with open(stderr, "wb") as err:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
-                text=True, bufsize=1, preexec_fn=_die_with_parent)
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            self._queue.put(line.rstrip("\n"))
-        self._queue.put(None)
+def assert_published(cache: Path, url: str, data: bytes) -> None:
+    """This process's downloads end, and leave the cache holding one entry, ``url``'s, with
+    exactly ``data``, and nothing in ``partial/``."""
+    assert wait_downloads(WAIT)
+    assert cache_files(cache) == [layout(cache).name_for(url)]
+    assert cache_files(cache, "partial") == []
+    assert entry_bytes(cache, url) == data
 
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
 
-    def _fail(self, why: str) -> None:
-        pytest.fail(f"child {self.proc.args[1:3]} {why}; stdout {self.lines[-5:]}; "
-                    f"stderr tail:\n{self.stderr()[-3000:]}", pytrace=False)
+@dataclass(frozen=True)
+class Ran:
+    """What a ``-c`` child printed; ``why`` goes with an assertion about it."""
 
-    def expect(self, prefix: str, timeout: float = WAIT) -> str:
-        """The next stdout line starting with ``prefix`` (earlier lines are skipped)."""
-        deadline = timeout + time.monotonic()
-        while True:
-            try:
-                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self._fail(f"did not print {prefix!r} within {timeout:g} s")
-            if line is None:
-                self._queue.put(None)
-                self._fail(f"exited ({self.proc.wait()}) before printing {prefix!r}")
-            elif line.startswith(prefix):
-                return line
+    lines: list[str]
+    stderr: str
+    why: str
 
-    def send(self, line: str = "go") -> None:
-        assert self.proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
-            self.proc.stdin.write(line + "\n")
-            self.proc.stdin.flush()
 
-    def finish(self, timeout: float = WAIT) -> int:
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._fail(f"did not exit within {timeout:g} s")
-        self._thread.join(timeout)
-        return code
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
+def run_full_disk(script: str, url: str, cache: Path) -> Ran:
+    """Run ``script`` (argv: ``url``, ``cache``, a 1 MiB file-size limit) in a child with the
+    cache's lines on its stderr; it must exit 0 within ``WAIT`` seconds."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, url, str(cache), str(MiB)], capture_output=True,
+        text=True, timeout=WAIT, env=child_env({"WDS_VERBOSE_CACHE": "1"}))
+    why = f"stdout {done.stdout!r}; stderr tail:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, why
+    return Ran(done.stdout.splitlines(), done.stderr, why)
 
 
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
-    """``spawn(argv, name) -> Proc``, with the cache's lines on its stderr; killed at the end."""
-    procs: list[Proc] = []
-
-    def make(argv: list[str], name: str) -> Proc:
-        env = child_env({"WDS_VERBOSE_CACHE": "1"})
-        procs.append(Proc([sys.executable, *argv], stderr=tmp_path / f"{name}.err", env=env))
-        return procs[-1]
-
-    yield make
-    for proc in procs:
-        proc.stop()
+def spawn(tmp_path: Path) -> Iterator[Spawn]:
+    """``spawn(mode, cache, urls, *, expect=None, first=0) -> Child`` (a child.py process, with
+    the cache's lines on its stderr); every child is killed when the test ends."""
+    with Children(tmp_path) as children:
+        yield children.spawn
 
 
 # -- 1. the tail after the end-of-archive comes late -----------------------------------------
@@ -217,7 +183,6 @@ def test_late_tail_after_end_of_archive_is_published(
     reads the shard: it asks for 1 MiB at a time, which holds all the members and the
     end-of-archive; the proxy pauses the body well after that first MiB (its seed is chosen
     for it), so the reader closes the stream with 0.75 MiB still to come."""
-    store = nginx_server.new_store()
     rng = random.Random(1)
     samples = [(f"s{i:02d}", {"bin": rng.randbytes(40_000), "txt": f"s{i:02d}".encode()})
                for i in range(4)]
@@ -225,29 +190,25 @@ def test_late_tail_after_end_of_archive_is_published(
     data = tar_with_tail(samples, total)
     assert data[MiB - 1024:] == bytes(total - MiB + 1024)  # members and end-of-archive < 1 MiB
     assert total - MiB <= FINISH_TAIL
-    key = "late/tail-000.tar"
-    store.put(key, data)
+    shard = put_shard(nginx_server, "late/tail-000.tar", data)
     seed = next(s for s in range(10_000) if 0.75 <= stall_fraction(s) <= 0.88)
-    proxy = fault_proxy(store, stall=1.5, seed=seed, only_paths=re.escape(f"/{key}"))
-    via = store.proxied(proxy)
-    url = via.url(key)
+    proxy = fault_proxy(shard.store, stall=1.5, seed=seed, only_paths=re.escape(f"/{shard.key}"))
+    url = shard.store.proxied(proxy).url(shard.key)
     cache = tmp_path / "cache"
     monkeypatch.setenv("WDS_READAHEAD_BYTES", "0")
     dataset = wds.WebDataset(url, cache_dir=str(cache), shardshuffle=False)
 
-    want = [(key_, members["bin"]) for key_, members in samples]
+    want = [(key, members["bin"]) for key, members in samples]
     assert [(s["__key__"], s["bin"]) for s in dataset] == want
     assert proxy.stats()["faults"].get("stall") == 1  # the pause happened, in this response
-    assert wait_downloads(WAIT)
-    assert cache_files(cache, "partial") == []
-    assert cache_files(cache) == [layout(cache).name_for(url)]
-    assert entry_bytes(cache, url) == data
+    assert_published(cache, url, data)
     assert cacheadmin.verify(ShardCache(cache), remove=False) == (1, [])
-    assert gets(nginx_server, store, key) == 1  # the tail came from the same response
+    assert shard.gets() == 1  # the tail came from the same response
 
     assert [(s["__key__"], s["bin"]) for s in dataset] == want  # epoch 2: from the cache
-    assert gets(nginx_server, store, key) == 1
-    assert [(r.method, r.path) for r in proxy.requests()] == [("GET", f"/{store.directory}/{key}")]
+    assert shard.gets() == 1
+    assert [(r.method, r.path) for r in proxy.requests()] == [
+        ("GET", f"/{shard.store.directory}/{shard.key}")]
 
 
 # -- 2. a reader closing far from the end ----------------------------------------------------
@@ -258,12 +219,8 @@ def test_reader_closing_early_drops_the_download(nginx_server: NginxServer,
     """Read 1 MiB of a 16 MiB shard through the cache and close, nobody reading along: the
     download is dropped (no entry, nothing in ``partial/``) and its lock is free; the next
     open downloads and publishes it normally."""
-    store = nginx_server.new_store()
-    key = "early/shard-000.tar"
-    source = blob(16 * MiB, 2)
-    store.put(key, source)
-    url = store.url(key)
-    cache = tmp_path / "cache"
+    shard = put_shard(nginx_server, "early/shard-000.tar", blob(16 * MiB, 2))
+    url, source, cache = shard.url, shard.source, tmp_path / "cache"
 
     stream = wds.gopen(url, cache_dir=str(cache))
     head = b""
@@ -278,11 +235,8 @@ def test_reader_closing_early_drops_the_download(nginx_server: NginxServer,
 
     with wds.gopen(url, cache_dir=str(cache)) as stream:
         assert read_all(stream) == source
-    assert wait_downloads(WAIT)
-    assert cache_files(cache) == [layout(cache).name_for(url)]
-    assert cache_files(cache, "partial") == []
-    assert entry_bytes(cache, url) == source
-    assert gets(nginx_server, store, key) == 2  # the dropped one and the one that filled
+    assert_published(cache, url, source)
+    assert shard.gets() == 2  # the dropped one and the one that filled
 
 
 # -- 3. the disk fills up mid-download -------------------------------------------------------
@@ -311,24 +265,17 @@ def test_write_failure_drops_the_entry_and_the_reader_goes_on(
     write past it fails with ``EFBIG``, as on a full disk) reads a 4 MiB shard through the
     cache: it gets every byte from its one GET and exits 0; nothing is published and nothing
     is left in ``partial/``. The parent then fills the entry normally."""
-    store = nginx_server.new_store()
-    key = "full/shard-000.tar"
-    source = blob(4 * MiB, 3)
-    store.put(key, source)
-    url = store.url(key)
-    cache = tmp_path / "cache"
-    done = subprocess.run(
-        [sys.executable, "-c", _FULL_DISK, url, str(cache), str(MiB)], capture_output=True,
-        text=True, timeout=WAIT, env=child_env({"WDS_VERBOSE_CACHE": "1"}))
-    why = f"stdout {done.stdout!r}; stderr tail:\n{done.stderr[-3000:]}"
-    assert done.returncode == 0, why
-    assert f"sha {sha(source)} {len(source)}" in done.stdout.splitlines(), why
-    assert "settled True" in done.stdout.splitlines(), why
-    assert "cache abandon" in done.stderr, why  # a fill was started, then dropped
+    shard = put_shard(nginx_server, "full/shard-000.tar", blob(4 * MiB, 3))
+    url, source, cache = shard.url, shard.source, tmp_path / "cache"
+    ran = run_full_disk(_FULL_DISK, url, cache)
+    why = ran.why
+    assert f"sha {sha(source)} {len(source)}" in ran.lines, why
+    assert "settled True" in ran.lines, why
+    assert "cache abandon" in ran.stderr, why  # a fill was started, then dropped
     assert cache_files(cache) == [], why
     assert cache_files(cache, "meta") == [], why
     assert cache_files(cache, "partial") == [], why
-    assert gets(nginx_server, store, key) == 1  # the reader went on with the same response
+    assert shard.gets() == 1  # the reader went on with the same response
 
     assert cacheadmin.recover(ShardCache(cache)) == 0  # nothing stale either
     with wds.gopen(url, cache_dir=str(cache)) as stream:
@@ -362,22 +309,15 @@ def test_write_failure_while_pumping_the_reader_goes_on(
     """As above, but reader A stays idle after 64 KiB while reader B (same process) reads along,
     so A's pump pulls ahead of the disk when the write fails: A must still get the rest of
     its shard (uncached), not an error, and nothing may be published."""
-    store = nginx_server.new_store()
-    key = "full/pumped-000.tar"
     source = blob(8 * MiB, 6)
-    store.put(key, source)
-    url = store.url(key)
+    url = put_shard(nginx_server, "full/pumped-000.tar", source).url
     cache = tmp_path / "cache"
-    done = subprocess.run(
-        [sys.executable, "-c", _FULL_DISK_PUMPING, url, str(cache), str(MiB)],
-        capture_output=True, text=True, timeout=WAIT, env=child_env({"WDS_VERBOSE_CACHE": "1"}))
-    why = f"stdout {done.stdout!r}; stderr tail:\n{done.stderr[-3000:]}"
-    assert done.returncode == 0, why
-    digest = hashlib.sha256(source).hexdigest()
-    assert f"B {digest}" in done.stdout.splitlines(), why
+    ran = run_full_disk(_FULL_DISK_PUMPING, url, cache)
+    why = ran.why
+    assert f"B {sha(source)}" in ran.lines, why
     assert cache_files(cache) == [], why
-    assert f"A {digest}" in done.stdout.splitlines(), why
-    assert "settled True" in done.stdout.splitlines(), why
+    assert f"A {sha(source)}" in ran.lines, why
+    assert "settled True" in ran.lines, why
     assert cache_files(cache, "partial") == [], why
 
 
@@ -385,48 +325,36 @@ def test_write_failure_while_pumping_the_reader_goes_on(
 
 
 def test_idle_downloader_does_not_hold_up_a_follower(
-    nginx_server: NginxServer, spawn: Callable[..., Proc], tmp_path: Path,
+    nginx_server: NginxServer, spawn: Spawn, tmp_path: Path,
 ) -> None:
     """Process A opens a shard through the cache (it downloads it), reads 64 KiB and then holds
     the stream open without reading. Process B reads the whole shard through the same cache:
     it reads along A's download and completes byte-exact while A is alive and idle (A's pump
     pulls the rest); nginx saw one GET; the entry is published by A; A then reads the rest of
     its stream from the file, byte-exact."""
-    store = nginx_server.new_store()
-    key = "idle/shard-000.tar"
-    source = blob(8 * MiB, 4)
-    store.put(key, source)
-    url = store.url(key)
-    cache = tmp_path / "cache"
-    urls = tmp_path / "urls.json"
-    urls.write_text(json.dumps([url]))
-    expect = tmp_path / "expect.json"
-    expect.write_text(json.dumps({url: sha(source)}))
-    common = ["--cache", str(cache), "--urls", str(urls)]
+    shard = put_shard(nginx_server, "idle/shard-000.tar", blob(8 * MiB, 4))
+    url, source, cache = shard.url, shard.source, tmp_path / "cache"
 
-    a = spawn([str(CHILD), "hold", *common, "--first", str(64 * 1024)], "a")
+    a = spawn("hold", cache, [url], first=64 * 1024)
     a.expect("got 65536")
-    b = spawn([str(CHILD), "shards", *common, "--expect", str(expect)], "b")
-    b.expect("ready")
-    b.send()
+    b = spawn("shards", cache, [url], expect={url: sha(source)})
+    release(b)
     b.expect("ok 0")  # B read the whole shard, its SHA-256 right
     b.expect("done")
     assert a.proc.poll() is None and a.lines == ["open", "got 65536"]  # A alive, still idle
     assert "cache follow" in b.stderr(), b.stderr()[-3000:]  # B read along A's download
-    b.send("exit")
-    assert b.finish() == 0
+    let_go(b)
 
     name = layout(cache).name_for(url)
     wait_for(lambda: cache_files(cache) == [name], "A's download to be published")
     assert entry_bytes(cache, url) == source
-    assert gets(nginx_server, store, key) == 1
+    assert shard.gets() == 1
 
     a.send()  # A reads the rest of its stream
     assert a.expect("sha ") == f"sha {sha(source)}"
-    a.send("exit")
-    assert a.finish() == 0
+    let_go(a)
     assert cache_files(cache, "partial") == []
-    assert gets(nginx_server, store, key) == 1
+    assert shard.gets() == 1
 
 
 def held_by_someone(path: Path) -> bool:
@@ -445,7 +373,7 @@ def held_by_someone(path: Path) -> bool:
 
 
 def test_closing_early_with_a_follower_finishes_the_download(
-    nginx_server: NginxServer, spawn: Callable[..., Proc], tmp_path: Path,
+    nginx_server: NginxServer, spawn: Spawn, tmp_path: Path,
 ) -> None:
     """This process downloads a 16 MiB shard and closes its stream after a few MiB at most,
     as soon as another process reads along: the download is not dropped; the follower gets
@@ -454,18 +382,9 @@ def test_closing_early_with_a_follower_finishes_the_download(
     This reader keeps reading small pieces until the follower holds its lock, so that it is
     rarely idle long enough for the writer to start the pump first: its close usually starts
     the pump itself (either way the close must not cancel the download)."""
-    store = nginx_server.new_store()
-    key = "along/shard-000.tar"
-    source = blob(16 * MiB, 7)
-    store.put(key, source)
-    url = store.url(key)
-    cache = tmp_path / "cache"
-    urls = tmp_path / "urls.json"
-    urls.write_text(json.dumps([url]))
-    expect = tmp_path / "expect.json"
-    expect.write_text(json.dumps({url: sha(source)}))
-    b = spawn([str(CHILD), "shards", "--cache", str(cache), "--urls", str(urls),
-               "--expect", str(expect)], "b")
+    shard = put_shard(nginx_server, "along/shard-000.tar", blob(16 * MiB, 7))
+    url, source, cache = shard.url, shard.source, tmp_path / "cache"
+    b = spawn("shards", cache, [url], expect={url: sha(source)})
     b.expect("ready")
 
     stream = wds.gopen(url, cache_dir=str(cache))
@@ -482,13 +401,9 @@ def test_closing_early_with_a_follower_finishes_the_download(
     b.expect("ok 0")
     b.expect("done")
     assert "cache follow" in b.stderr(), b.stderr()[-3000:]
-    b.send("exit")
-    assert b.finish() == 0
-    assert wait_downloads(WAIT)
-    assert cache_files(cache) == [layout(cache).name_for(url)]
-    assert cache_files(cache, "partial") == []
-    assert entry_bytes(cache, url) == source
-    assert gets(nginx_server, store, key) == 1
+    let_go(b)
+    assert_published(cache, url, source)
+    assert shard.gets() == 1
 
 
 # -- 5. wait_downloads -----------------------------------------------------------------------
@@ -500,12 +415,10 @@ def test_wait_downloads_reports_downloads_in_progress(
     """``wait_downloads(0)`` is False while this process's download of a shard from a slow
     server is under way; ``wait_downloads(timeout)`` waits for it to be published (the shard
     is read in another thread) and returns True, and so does ``wait_downloads(0)`` after."""
-    store = nginx_server.new_store()
-    key = "wait/shard-000.tar"
-    source = blob(3 * MiB, 5)
-    store.put(key, source)
-    proxy = fault_proxy(store, stall=1.0, only_paths=re.escape(f"/{key}"))
-    url = store.proxied(proxy).url(key)
+    shard = put_shard(nginx_server, "wait/shard-000.tar", blob(3 * MiB, 5))
+    source = shard.source
+    proxy = fault_proxy(shard.store, stall=1.0, only_paths=re.escape(f"/{shard.key}"))
+    url = shard.store.proxied(proxy).url(shard.key)
     cache = tmp_path / "cache"
 
     stream = wds.gopen(url, cache_dir=str(cache))
@@ -540,12 +453,8 @@ def test_a_forked_child_does_not_keep_the_parents_download_locked(
     and the next reader downloads the shard."""
     import multiprocessing
 
-    store = nginx_server.new_store()
-    key = "fork/shard-000.tar"
-    source = blob(4 * MiB, 9)
-    store.put(key, source)
-    url = store.url(key)
-    cache = tmp_path / "cache"
+    shard = put_shard(nginx_server, "fork/shard-000.tar", blob(4 * MiB, 9))
+    url, source, cache = shard.url, shard.source, tmp_path / "cache"
     layout = CacheLayout(str(cache))
     stream = wds.gopen(url, cache_dir=str(cache))
     assert stream.read(64 * 1024) == source[: 64 * 1024]

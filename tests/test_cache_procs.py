@@ -2,21 +2,15 @@
 server): DataLoader workers over two epochs, separate processes sharing one download, SIGKILL at
 random points, a reader taking over from a killed download, and eviction sparing what is read.
 
-The children are tests/cacheprocs/child.py, driven line by line over stdin/stdout; every child
-is killed when its test ends (and gets SIGKILL if the test process dies)."""
+The children are tests/cacheprocs/child.py, driven line by line over stdin/stdout by
+tests/cacheprocs/driver.py; every child is killed when its test ends (and gets SIGKILL if the
+test process dies)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
-import queue
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,17 +19,16 @@ from typing import Any
 
 import pytest
 import torch
+from cacheprocs.child import members_digest
+from cacheprocs.driver import WAIT, Child, Children, Spawn, let_go, release
+from cachetools import cache_files, wait_for
 from shardgen import write_tar
 from stores import FaultProxy, HttpStore, NginxServer
-from stores.procs import child_env
 
 import wds_cloud as wds
 from wds_cloud import cacheadmin
 from wds_cloud.cache import ShardCache
 from wds_cloud.cachelayout import CacheLayout
-
-CHILD = Path(__file__).with_name("cacheprocs") / "child.py"
-WAIT = 60.0  # seconds any awaited condition may take on a loaded machine before the test fails
 
 Sample = tuple[str, str, str]  # (url, key, digest of its members)
 
@@ -43,16 +36,8 @@ Sample = tuple[str, str, str]  # (url, key, digest of its members)
 # -- shards ----------------------------------------------------------------------------------
 
 
-def digest(sample: dict[str, Any]) -> str:
-    """The SHA-256 of a sample's members in the order of their names (as child.py computes)."""
-    h = hashlib.sha256()
-    for name in sorted(k for k in sample if not k.startswith("__")):
-        h.update(name.encode() + b"\0" + sample[name] + b"\0")
-    return h.hexdigest()
-
-
 def as_sample(sample: dict[str, Any]) -> Sample:
-    return sample["__url__"], sample["__key__"], digest(sample)
+    return sample["__url__"], sample["__key__"], members_digest(sample)
 
 
 class Shards:
@@ -78,7 +63,7 @@ class Shards:
         out: Counter[Sample] = Counter()
         for key, samples in self.members.items():
             for name, members in samples:
-                out[(base.url(key), name, digest(dict(members)))] += 1
+                out[(base.url(key), name, members_digest(dict(members)))] += 1
         return out
 
     def sha(self, base: HttpStore) -> dict[str, str]:
@@ -95,17 +80,12 @@ def proxied_reads(proxy: FaultProxy) -> list[tuple[str, str]]:
     return [(r.method, r.path) for r in proxy.requests() if r.path.endswith(".tar")]
 
 
-def ls(path: Path) -> list[str]:
-    """The names in directory ``path`` ([] before the cache made it)."""
-    return os.listdir(path) if path.exists() else []
-
-
 def check_entries(root: Path, shards: Shards, base: HttpStore) -> set[str]:
     """Every file in ``data/`` is the entry of one of the shards and holds exactly its bytes;
     ``verify`` finds nothing wrong. Returns the names present."""
     layout = CacheLayout(str(root))
     names = {layout.name_for(base.url(k)): k for k in shards.keys}
-    present = set(ls(root / "data"))
+    present = set(cache_files(root))
     for name in present:
         assert name in names, f"data/{name} is no entry of this dataset"
         assert (root / "data" / name).read_bytes() == shards.blobs[names[name]], (
@@ -117,118 +97,20 @@ def check_entries(root: Path, shards: Shards, base: HttpStore) -> set[str]:
 
 def leftovers(root: Path) -> list[str]:
     """Downloads in progress (or stale ones) and temporary files anywhere in the cache."""
-    found = [f"partial/{n}" for n in ls(root / "partial")]
+    found = [f"partial/{n}" for n in cache_files(root, "partial")]
     for sub in ("data", "meta", "locks"):
-        found += [f"{sub}/{n}" for n in ls(root / sub) if n.endswith(".tmp")]
+        found += [f"{sub}/{n}" for n in cache_files(root, sub) if n.endswith(".tmp")]
     return sorted(found)
 
 
 # -- children --------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-class Child:
-    """One tests/cacheprocs/child.py process; its stdout lines are collected by a thread."""
-
-    def __init__(self, argv: list[str], *, env: dict[str, str], stderr: Path) -> None:
-        self.stderr_path = stderr
-        self.mode = argv[2]
-        with open(stderr, "wb") as err:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
-                text=True, bufsize=1, preexec_fn=_die_with_parent)
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            self._queue.put(line.rstrip("\n"))
-        self._queue.put(None)
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def _fail(self, why: str) -> None:
-        pytest.fail(f"child {self.mode} (pid {self.proc.pid}) {why}; stdout "
-                    f"{self.lines[-5:]}; stderr tail:\n{self.stderr()[-3000:]}", pytrace=False)
-
-    def expect(self, prefix: str, timeout: float = WAIT) -> str:
-        """The next stdout line starting with ``prefix`` (earlier lines are skipped)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self._fail(f"did not print {prefix!r} within {timeout:g} s")
-            if line is None:
-                self._queue.put(None)
-                self._fail(f"exited ({self.proc.wait()}) before printing {prefix!r}")
-            elif line.startswith(prefix):
-                return line
-
-    def send(self, line: str = "go") -> None:
-        assert self.proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
-            self.proc.stdin.write(line + "\n")
-            self.proc.stdin.flush()
-
-    def finish(self, timeout: float = WAIT) -> int:
-        """Wait for the child to exit; its exit status (all its stdout is in ``lines``)."""
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._fail(f"did not exit within {timeout:g} s")
-        self._reader.join(timeout)
-        return code
-
-    def kill(self) -> int:
-        """SIGKILL (a no-op if it has exited), and reap it: its locks are free afterwards."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        return self.finish()
-
-
-Spawn = Callable[..., Child]
-
-
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Spawn]:
     """``spawn(mode, cache, urls, *, expect=None, first=0, verbose=True) -> Child``."""
-    children: list[Child] = []
-
-    def make(mode: str, cache: Path, urls: list[str], *, expect: dict[str, str] | None = None,
-             first: int = 0, verbose: bool = True) -> Child:
-        n = len(children)
-        urls_file = tmp_path / f"urls-{n}.json"
-        urls_file.write_text(json.dumps(urls))
-        argv = [sys.executable, str(CHILD), mode, "--cache", str(cache), "--urls", str(urls_file),
-                "--first", str(first)]
-        if expect is not None:
-            expect_file = tmp_path / f"expect-{n}.json"
-            expect_file.write_text(json.dumps(expect))
-            argv += ["--expect", str(expect_file)]
-        env = child_env({"WDS_VERBOSE_CACHE": "1" if verbose else "0"})
-        children.append(Child(argv, env=env, stderr=tmp_path / f"child-{n}.err"))
-        return children[-1]
-
-    yield make
-    for child in children:
-        if child.proc.poll() is None:
-            child.proc.kill()
-        child.proc.wait()
-        for stream in (child.proc.stdin, child.proc.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
+    with Children(tmp_path) as children:
+        yield children.spawn
 
 
 def samples_of(child: Child) -> Counter[Sample]:
@@ -240,27 +122,12 @@ def samples_of(child: Child) -> Counter[Sample]:
     return out
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting until {what}", pytrace=False)
-        time.sleep(0.02)
-
-
 def published(cache: Path, n: int) -> None:
     """Wait until ``n`` entries are published. A fill thread publishes its entry a moment after
     the reader got the last byte, and a process that exits at once may lose it (a daemon
     thread; reported), so children are let go only after this."""
-    wait_until(lambda: len(ls(cache / "data")) >= n, f"{n} entries are published")
-
-
-def let_go(*children: Child) -> None:
-    """Tell children that wait for a last line to exit; each must exit with status 0."""
-    for child in children:
-        child.send("exit")
-    for child in children:
-        assert child.finish() == 0, child.stderr()[-3000:]
+    wait_for(lambda: len(cache_files(cache)) >= n, f"{n} entries are published",
+             timeout=WAIT)
 
 
 # -- 1. DataLoader workers, two epochs -------------------------------------------------------
@@ -284,7 +151,8 @@ def test_four_workers_two_epochs_one_get_per_shard(
 
     first = Counter(tuple(s) for s in loader)
     assert first == want  # every sample once, its members byte-exact
-    wait_until(lambda: len(shard_gets(nginx_server, store)) >= 16, "nginx logged 16 requests")
+    wait_for(lambda: len(shard_gets(nginx_server, store)) >= 16, "nginx logged 16 requests",
+             timeout=WAIT)
     assert sorted(shard_gets(nginx_server, store)) == wanted_gets
 
     second = Counter(tuple(s) for s in loader)
@@ -313,10 +181,7 @@ def test_four_processes_share_one_download_per_shard(
     urls = [via.url(k) for k in shards.keys]
     children = [spawn("samples", cache, random.Random(i).sample(urls, len(urls)))
                 for i in range(4)]
-    for child in children:
-        child.expect("ready")  # imported and built its dataset; now waits on stdin
-    for child in children:
-        child.send()
+    release(*children)
     want = shards.samples(via)
     for child in children:
         child.expect("done")
@@ -372,7 +237,7 @@ def test_sigkill_at_random_points_never_leaves_a_corrupt_entry(
         bad = [line for line in child.lines if line.startswith("BAD")]
         assert bad == [], f"trial {trial}: the child read a corrupt shard: {bad}"
         progress.append(sum(line.startswith("ok ") for line in child.lines))
-        killed_filling += any(not n.endswith(".json") for n in ls(cache / "partial"))
+        killed_filling += any(not n.endswith(".json") for n in cache_files(cache, "partial"))
         present = check_entries(cache, shards, via)
         for name in rng.sample(sorted(present), len(present) // 2):
             ShardCache(cache).evict(name)
@@ -380,8 +245,7 @@ def test_sigkill_at_random_points_never_leaves_a_corrupt_entry(
     assert killed_filling > 0
 
     final = spawn("samples", cache, urls, verbose=False)
-    final.expect("ready")
-    final.send()
+    release(final)
     final.expect("done")
     assert samples_of(final) == shards.samples(via)
     published(cache, 4)
@@ -422,7 +286,8 @@ def test_a_reader_takes_over_when_the_downloading_process_is_killed(
     b.expect("got 65536")  # B read its first bytes from A's growing file
     assert "cache follow " in b.stderr()
     assert part.exists() and not (cache / "data" / name).exists()
-    wait_until(lambda: proxy.stats()["faults"].get("stall", 0) == 1, "A's download stalls")
+    wait_for(lambda: proxy.stats()["faults"].get("stall", 0) == 1, "A's download stalls",
+             timeout=WAIT)
 
     proxy.configure(stall=0.0)  # B's own request will not pause
     a.kill()

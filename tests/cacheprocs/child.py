@@ -1,4 +1,5 @@
-"""A child process for tests/test_cache_procs.py: reads shards through a shard cache.
+"""A child process for the cache tests (tests/test_cache_procs.py, tests/test_cache_fill.py,
+driven by tests/cacheprocs/driver.py): reads shards through a shard cache.
 
     python tests/cacheprocs/child.py MODE --cache DIR --urls FILE [--expect FILE] [--first N]
 
@@ -50,7 +51,8 @@ def wait_for_go() -> None:
 
 
 def members_digest(sample: dict[str, Any]) -> str:
-    """The SHA-256 of a sample's members (raw bytes), in the order of their names."""
+    """The SHA-256 of a sample's members (raw bytes), in the order of their names (the tests
+    import it to compute what a child should print)."""
     h = hashlib.sha256()
     for name in sorted(k for k in sample if not k.startswith("__")):
         h.update(name.encode() + b"\0" + sample[name] + b"\0")
