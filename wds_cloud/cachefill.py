@@ -2,10 +2,10 @@
 
 The process that downloads an entry reads the store's response through a :class:`TeeStream`:
 the reader gets each piece as it arrives, exactly as without a cache, and the piece is handed
-to the entry's :class:`Fill`, whose thread (``wds-cache-write``) writes it to the file under
-``partial/`` and adds it to the CRC-32. When all ``size`` bytes are written the file goes to
-``publish``; after an error, or when the reader closes with more than :data:`FINISH_TAIL`
-bytes still to come, it goes to ``abandon``. Either way ``release`` is called last.
+to the entry's :class:`Fill`; the process's one writer thread (``wds-cache-write``) writes it
+to the file under ``partial/`` and adds it to the CRC-32. When all ``size`` bytes are written
+the file goes to ``publish``; after an error, or when the reader closes with more than
+:data:`FINISH_TAIL` bytes still to come, to ``abandon``. Either way ``release`` is called last.
 
 Every other reader, in this process or another, follows the file as it grows with a
 :class:`GrowingFile`, holding a shared ``flock`` on it so the entry is not evicted under it once
@@ -66,12 +66,18 @@ class _Writer:
             self._cond.notify_all()
             return True
 
+    def start(self, fill: Fill) -> None:
+        with self._cond:
+            self.fills.add(fill)
+            self._cond.notify_all()  # from waiting for ever to checking on idle readers
+
     def _run(self) -> None:
         checked = time.monotonic()
         while True:
             with self._cond:
-                ready = self._cond.wait_for(lambda: bool(self._items), timeout=_IDLE)
-                fill, item = self._items.popleft() if ready else (None, None)
+                if not self._items:  # no fill: sleep until one starts; else check on them
+                    self._cond.wait(_IDLE if self.fills else None)
+                fill, item = self._items.popleft() if self._items else (None, None)
             if time.monotonic() - checked >= _IDLE:  # even while other fills keep it busy
                 self._idle()
                 checked = time.monotonic()
@@ -132,7 +138,7 @@ class Fill:
         self._writer = _writer()
 
     def start(self) -> None:
-        self._writer.fills.add(self)
+        self._writer.start(self)
 
     def feed(self, piece: bytes) -> bool:
         """Queue ``piece`` for writing (waiting while the disk is far behind); ``False`` once
