@@ -42,7 +42,15 @@ from functools import partial
 from typing import BinaryIO, cast
 
 from .cachefill import Fill, FillGone, GrowingFile, TeeStream, wait_fills
-from .cachelayout import CacheLayout, Record, stream_facts, unlink, url_key, write_atomic
+from .cachelayout import (
+    CacheLayout,
+    Record,
+    check_record,
+    stream_facts,
+    unlink,
+    url_key,
+    write_atomic,
+)
 from .cacheroom import CacheLog, Room
 from .errors import TransferError
 from .settings import Settings, expand_path, human_size
@@ -84,6 +92,7 @@ class CacheUsage:
     downloads: int
     download_bytes: int
     limit: int | None
+    charged: int  # what the entries count against the limit (whole blocks, and a record each)
 
 
 class ShardCache:
@@ -197,7 +206,7 @@ class ShardCache:
             fcntl.flock(fd, fcntl.LOCK_SH)
             st = os.fstat(fd)
             record = self.layout.read_record(self.layout.meta(name))
-            problem = _check(record, key, st.st_size)
+            problem = check_record(record, st.st_size, key)
             if st.st_nlink == 0 or problem or (record and record.version == skip
                                                and skip is not None):
                 os.close(fd)
@@ -210,7 +219,7 @@ class ShardCache:
             os.close(fd)
             raise
         stream.local_path = self.layout.data(name)  # type: ignore[attr-defined]
-        assert record is not None  # checked by _check
+        assert record is not None  # checked by check_record
         return stream, record
 
     def _published(self, name: str, key: str, *, skip: str | None) -> bool:
@@ -333,16 +342,6 @@ class ShardCache:
             unlink(self.layout.meta(name))
         finally:
             self.layout.unlock(lock, name)
-
-def _check(record: Record | None, key: str, size: int) -> str:
-    if record is None:
-        return "no readable record"
-    if record.key != key:
-        return "its record belongs to another URL"
-    if record.size != size:
-        return f"{size} bytes on disk, {record.size} recorded"
-    return ""
-
 
 def _positioned(stream: BinaryIO, got: str | None, pos: int, version: str | None,
                 url: str) -> BinaryIO:

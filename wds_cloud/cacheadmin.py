@@ -12,7 +12,7 @@ import zlib
 from dataclasses import dataclass
 
 from .cache import CacheEntry, CacheUsage, ShardCache
-from .cachelayout import footprint, unlink
+from .cachelayout import check_record, footprint, unlink
 
 __all__ = ["Problem", "clear", "entries", "prune", "recover", "usage", "verify"]
 
@@ -53,7 +53,8 @@ def usage(cache: ShardCache) -> CacheUsage:
             downloads.append(record)
     return CacheUsage(entries=len(published), bytes=sum(e.size for e in published),
                       downloads=len(downloads), download_bytes=sum(r.size for r in downloads),
-                      limit=cache.max_bytes)
+                      limit=cache.max_bytes,
+                      charged=sum(footprint(e.size) for e in published))
 
 
 def verify(cache: ShardCache, *, remove: bool = True) -> tuple[int, list[Problem]]:
@@ -79,12 +80,9 @@ def verify(cache: ShardCache, *, remove: bool = True) -> tuple[int, list[Problem
 
 def _problem(cache: ShardCache, entry: CacheEntry) -> str:
     record = cache.layout.read_record(cache.layout.meta(entry.name))
-    if record is None:
-        return "no readable record"
-    if record.key[:16] not in entry.name:
-        return "its record belongs to another URL"
-    if record.size != entry.size:
-        return f"{entry.size} bytes on disk, {record.size} recorded"
+    problem = check_record(record, entry.size, cache.layout.key_of(entry.name))
+    if problem or record is None:
+        return problem
     crc = 0
     try:
         with open(entry.path, "rb") as f:
@@ -102,9 +100,9 @@ def prune(cache: ShardCache, to: int) -> tuple[list[str], int]:
     bytes; the names evicted and the bytes still charged."""
     evicted = []
     with cache.layout.admission():
-        recover(cache)
-        used = sum(footprint(e.size) for e in entries(cache))
-        for entry in entries(cache):
+        found = entries(cache)
+        used = sum(footprint(e.size) for e in found)
+        for entry in found:
             if used <= to:
                 break
             freed = cache.evict(entry.name)
@@ -114,11 +112,12 @@ def prune(cache: ShardCache, to: int) -> tuple[list[str], int]:
     return evicted, used
 
 
-def clear(cache: ShardCache) -> tuple[int, int]:
-    """Remove every entry not in use, and downloads of dead processes; how many entries were
-    removed and how many are kept."""
+def clear(cache: ShardCache) -> tuple[int, int, int]:
+    """Remove downloads of dead processes (:func:`recover`), then every entry not in use; how
+    many entries were removed and kept, and how many downloads were recovered."""
+    recovered = recover(cache)
     evicted, _ = prune(cache, 0)
-    return len(evicted), len(entries(cache))
+    return len(evicted), len(entries(cache)), recovered
 
 
 def recover(cache: ShardCache) -> int:

@@ -18,8 +18,7 @@ import time
 from typing import Any
 
 from . import cacheadmin
-from .cache import CacheEntry, ShardCache
-from .cachelayout import footprint
+from .cache import ShardCache
 from .errors import ConfigError
 from .settings import Settings, expand_path, human_size, parse_size
 
@@ -96,9 +95,8 @@ def _ls(cache: ShardCache, args: argparse.Namespace) -> int:
 
 
 def _du(cache: ShardCache, args: argparse.Namespace) -> int:
-    found = cacheadmin.entries(cache)
     use = cacheadmin.usage(cache)
-    charged = _charged(found)
+    charged = use.charged
     print(f"cache: {cache.root}")
     print(f"entries: {use.entries}, {human_size(use.bytes)} ({use.bytes} bytes; "
           f"{human_size(charged)} counted against the limit)")
@@ -129,7 +127,7 @@ def _prune(cache: ShardCache, args: argparse.Namespace) -> int:
         print(f"evicted {human_size(e.size) if e else '?':>10}  {e.url if e else '?'}  {name}")
     left = cacheadmin.entries(cache)
     print(f"evicted {len(evicted)} entries; now {len(left)} entries, "
-          f"{human_size(_charged(left))} (target {human_size(args.to)})")
+          f"{human_size(used)} (target {human_size(args.to)})")
     if used > args.to:
         print(f"still above the target: {human_size(used)} is charged by entries in use; run "
               "prune again when they are closed")
@@ -137,16 +135,11 @@ def _prune(cache: ShardCache, args: argparse.Namespace) -> int:
 
 
 def _clear(cache: ShardCache, args: argparse.Namespace) -> int:
-    stale = cacheadmin.recover(cache)
-    removed, kept = cacheadmin.clear(cache)
+    removed, kept, stale = cacheadmin.clear(cache)
     downloads = cacheadmin.usage(cache).downloads
     print(f"removed {removed} entries; kept {kept} in use; removed {stale} download(s) left by "
           f"dead processes; {downloads} download(s) still in progress")
     return 0
-
-
-def _charged(found: list[CacheEntry]) -> int:
-    return sum(footprint(e.size) for e in found)
 
 
 _COMMANDS = {"ls": _ls, "du": _du, "verify": _verify, "prune": _prune, "clear": _clear}

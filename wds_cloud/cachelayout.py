@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 from .errors import CacheError
 
-__all__ = ["BLOCK", "CacheLayout", "Record", "footprint", "url_key"]
+__all__ = ["BLOCK", "CacheLayout", "Record", "check_record", "footprint", "url_key"]
 
 FORMAT = 1
 BLOCK = 4096
@@ -49,6 +49,18 @@ _TAG = ("Signature: 8a477f597d28d172789f06886806bc55\n"
 def url_key(url: str) -> str:
     """The SHA-256 (hex) of the whole URL: scheme, bucket, path and query."""
     return hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def check_record(record: Record | None, size: int, key: str) -> str:
+    """What is wrong with an entry of ``size`` bytes whose record is ``record``, given its
+    ``key`` (the whole SHA-256, or the 16 hex digits in its name); ``""`` if nothing."""
+    if record is None:
+        return "no readable record"
+    if not record.key.startswith(key):
+        return "its record belongs to another URL"
+    if record.size != size:
+        return f"{size} bytes on disk, {record.size} recorded"
+    return ""
 
 
 def footprint(size: int) -> int:
@@ -107,6 +119,11 @@ class CacheLayout:
             readable = path.rstrip("/").rsplit("/", 1)[-1]
         stem, ext = _readable(readable)
         return f"{stem}.{url_key(url)[:16]}{ext}"
+
+    @staticmethod
+    def key_of(name: str) -> str:
+        """The 16 hex digits of the URL's hash in the entry name ``name``."""
+        return name.split(".")[1] if name.count(".") else ""
 
     def data(self, name: str) -> str:
         return os.path.join(self.root, "data", name)

@@ -25,11 +25,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from . import openers
 from .errors import ConfigError, OpenError, ShardNotFoundError
 from .settings import Settings, expand_path, parse_size
+from .urls import ais_url, parse_rewrite_rules, redact, rewrite_url, split_scheme
 
 if TYPE_CHECKING:
     from .cache import ShardCache
-
-from .urls import ais_url, parse_rewrite_rules, redact, rewrite_url, split_scheme
 
 __all__ = ["Router", "expand_glob", "gopen", "gopen_schemes", "reader", "resolve_url",
            "scheme_options", "with_cache"]
