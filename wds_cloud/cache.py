@@ -105,7 +105,6 @@ class ShardCache:
         url_to_name: Callable[[str], str] | None = None,
     ) -> None:
         self.layout = CacheLayout(expand_path(root))
-        self.max_bytes = max_bytes
         self.revalidate = revalidate
         self.cache_local = cache_local
         self.url_to_name = url_to_name
@@ -126,6 +125,11 @@ class ShardCache:
     @property
     def root(self) -> str:
         return self.layout.root
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The bound on the bytes charged for entries and downloads (``None``: the disk's)."""
+        return self.room.max_bytes
 
     def __repr__(self) -> str:
         return f"ShardCache({self.root!r}, max_bytes={self.max_bytes})"
