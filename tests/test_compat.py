@@ -1,4 +1,4 @@
-"""WebDataset, FluidInterface/FluidWrapper and the gopen-bound tar functions (wds_cloud.compat).
+"""WebDataset, FluidInterface/FluidWrapper and the gopen-bound tar functions (wds_cloud.dataset).
 
 Expected results come from webdataset 1.0.2 run on the same shards, or from the data the tests
 wrote themselves.
@@ -284,7 +284,7 @@ def test_handler_skips_a_corrupt_shard(tmp_path: Path) -> None:
 
 
 def test_verbose_logs_each_shard(urls: list[str], caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="wds_cloud.compat"):
+    with caplog.at_level(logging.INFO, logger="wds_cloud.dataset"):
         list(wds.WebDataset(urls, shardshuffle=False, verbose=True))
     assert sum("opening shard" in r.getMessage() for r in caplog.records) == 4
 
@@ -383,7 +383,7 @@ def test_record_files_bound_to_gopen(tmp_path: Path) -> None:
     with open(mp_path, "wb") as f:
         for r in records:
             f.write(msgpack.packb(r))
-    from wds_cloud import compat
+    from wds_cloud import dataset as compat
 
     for fn, path in ((compat.cbors_to_samples, cbor_path), (compat.msgpacks_to_samples, mp_path)):
         samples = list(fn(iter([{"url": str(path)}])))

@@ -33,13 +33,13 @@ _EXPORTS: dict[str, str] = {
     "Settings": "settings",
     "expand_urls": "urls",
     # I/O
-    "Opener": "openers",
-    "register_opener": "openers",
-    "registered_schemes": "openers",
+    "Opener": "io",
+    "register_opener": "io",
+    "registered_schemes": "io",
     "gopen": "router",
     "ShardCache": "cache",
-    "io_stats": "remote",
-    "reset_io_stats": "remote",
+    "io_stats": "stores",
+    "reset_io_stats": "stores",
     "gopen_schemes": "router",
     # handlers
     "ignore_and_continue": "handlers",
@@ -48,57 +48,57 @@ _EXPORTS: dict[str, str] = {
     "warn_and_continue": "handlers",
     "warn_and_stop": "handlers",
     # decoding
-    "Continue": "autodecode",
-    "Decoder": "autodecode",
+    "Continue": "codecs.decoder",
+    "Decoder": "codecs.decoder",
     "DecodingError": "errors",
-    "gzfilter": "autodecode",
-    "handle_extension": "autodecode",
-    "imagehandler": "autodecode",
-    "pytorch_weights_only": "autodecode",
-    "torch_audio": "autodecode",
-    "torch_loads": "autodecode",
-    "torch_video": "autodecode",
+    "gzfilter": "codecs.decoder",
+    "handle_extension": "codecs.decoder",
+    "imagehandler": "codecs.decoder",
+    "pytorch_weights_only": "codecs.decoder",
+    "torch_audio": "codecs.decoder",
+    "torch_loads": "codecs.decoder",
+    "torch_video": "codecs.decoder",
     # pipeline and stages
     "DataPipeline": "pytorch",
-    "MockDataset": "pipeline",
-    "PipelineStage": "pipeline",
-    "pipelinefilter": "pipeline",
-    "repeatedly": "pipeline",
-    "stage": "pipeline",
-    "with_epoch": "pipeline",
-    "with_length": "pipeline",
-    "Cached": "filters",
-    "associate": "filters",
-    "batched": "filters",
-    "compose": "filters",
-    "decode": "filters",
-    "detshuffle": "filters",
-    "extract_keys": "filters",
-    "getfirst": "filters",
-    "info": "filters",
-    "listed": "filters",
-    "map": "filters",
-    "map_dict": "filters",
-    "map_tuple": "filters",
-    "rename": "filters",
-    "rename_keys": "filters",
-    "rsample": "filters",
-    "select": "filters",
-    "shuffle": "filters",
-    "slice": "filters",
-    "to_tuple": "filters",
-    "transform_with": "filters",
-    "unbatched": "filters",
-    "unlisted": "filters",
-    "xdecode": "filters",
-    "RandomMix": "mix",
-    "RoundRobin": "mix",
+    "MockDataset": "pipeline.core",
+    "PipelineStage": "pipeline.core",
+    "pipelinefilter": "pipeline.core",
+    "repeatedly": "pipeline.core",
+    "stage": "pipeline.core",
+    "with_epoch": "pipeline.core",
+    "with_length": "pipeline.core",
+    "Cached": "pipeline.filters",
+    "associate": "pipeline.filters",
+    "batched": "pipeline.filters",
+    "compose": "pipeline.filters",
+    "decode": "pipeline.filters",
+    "detshuffle": "pipeline.filters",
+    "extract_keys": "pipeline.filters",
+    "getfirst": "pipeline.filters",
+    "info": "pipeline.filters",
+    "listed": "pipeline.filters",
+    "map": "pipeline.filters",
+    "map_dict": "pipeline.filters",
+    "map_tuple": "pipeline.filters",
+    "rename": "pipeline.filters",
+    "rename_keys": "pipeline.filters",
+    "rsample": "pipeline.filters",
+    "select": "pipeline.filters",
+    "shuffle": "pipeline.filters",
+    "slice": "pipeline.filters",
+    "to_tuple": "pipeline.filters",
+    "transform_with": "pipeline.filters",
+    "unbatched": "pipeline.filters",
+    "unlisted": "pipeline.filters",
+    "xdecode": "pipeline.filters",
+    "RandomMix": "pipeline.mix",
+    "RoundRobin": "pipeline.mix",
     # shards
-    "WorkerInfo": "shards",
-    "derive_seed": "shards",
-    "SimpleShardList": "shards",
-    "non_empty": "shards",
-    "shardspec": "shards",
+    "WorkerInfo": "pipeline.shards",
+    "derive_seed": "pipeline.shards",
+    "SimpleShardList": "pipeline.shards",
+    "non_empty": "pipeline.shards",
+    "shardspec": "pipeline.shards",
     "ResampledShards": "pytorch",
     "resampled": "pytorch",
     "single_node_only": "pytorch",
@@ -106,37 +106,42 @@ _EXPORTS: dict[str, str] = {
     "split_by_worker": "pytorch",
     "worker_info": "pytorch",
     # samples from tar, cbor and msgpack files
-    "tarfile_samples": "compat",
-    "tarfile_to_samples": "compat",
-    "url_opener": "compat",
-    "cbors_to_samples": "compat",
-    "msgpacks_to_samples": "compat",
+    "tarfile_samples": "dataset",
+    "tarfile_to_samples": "dataset",
+    "url_opener": "dataset",
+    "cbors_to_samples": "dataset",
+    "msgpacks_to_samples": "dataset",
     # writing
     "EncodingError": "errors",
-    "ShardWriter": "writer",
-    "TarWriter": "writer",
-    "numpy_dumps": "writer",
-    "torch_dumps": "writer",
+    "ShardWriter": "tar.writer",
+    "TarWriter": "tar.writer",
+    "numpy_dumps": "tar.writer",
+    "torch_dumps": "tar.writer",
     # integration
-    "FluidInterface": "compat",
-    "FluidWrapper": "compat",
-    "WebDataset": "compat",
+    "FluidInterface": "dataset",
+    "FluidWrapper": "dataset",
+    "WebDataset": "dataset",
     "WebLoader": "pytorch",
 }
 
-# webdataset's module names, so ``wds.autodecode.ImageHandler`` style code keeps working.
+# webdataset's module paths: ``import wds_cloud.autodecode`` (or ``wds.autodecode``) gives the
+# module that holds the code (each alias file puts it in ``sys.modules``), so patching a module
+# flag such as ``wds.autodecode.pytorch_weights_only`` reaches the code that reads it.
 # (No module may share a name with a public function: importing it would shadow the function.)
 _MODULE_ALIASES: dict[str, str] = {
-    "autodecode": "autodecode",
-    "filters": "filters",
-    "handlers": "handlers",
-    "mix": "mix",
+    "autodecode": "codecs.decoder",
+    "filters": "pipeline.filters",
+    "mix": "pipeline.mix",
     "shardlists": "pytorch",
-    "tariterators": "compat",
-    "tenbin": "tenbin",
-    "urls": "urls",
-    "writer": "writer",
+    "tariterators": "dataset",
+    "tenbin": "codecs.tenbin",
+    "writer": "tar.writer",
 }
+#: the rooms and top-level modules, importable as attributes like any submodule
+_SUBMODULES = frozenset({
+    "cache", "cli", "codecs", "dataset", "errors", "handlers", "io", "pipeline", "pytorch",
+    "router", "settings", "stores", "tar", "testing", "urls",
+})
 
 __all__ = sorted(_EXPORTS)
 
@@ -147,11 +152,10 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(f".{module}", __name__), name)
         globals()[name] = value
         return value
-    alias = _MODULE_ALIASES.get(name)
-    if alias is not None:
-        return importlib.import_module(f".{alias}", __name__)
+    if name in _MODULE_ALIASES or name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'wds_cloud' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS) | set(_MODULE_ALIASES))
+    return sorted(set(globals()) | set(_EXPORTS) | set(_MODULE_ALIASES) | _SUBMODULES)

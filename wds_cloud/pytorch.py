@@ -10,16 +10,18 @@ torch is never imported at module import time, and everything works without torc
   neither a DataLoader worker nor part of an initialized process group), so it never pays for
   importing torch.
 * ``split_by_node``, ``split_by_worker``, ``single_node_only``, ``ResampledShards`` and
-  ``resampled`` are the :mod:`wds_cloud.shards` versions bound to :func:`worker_info`; the
-  shard-list names of :mod:`wds_cloud.shards` are re-exported so this module can stand in for
-  webdataset's ``shardlists``.
+  ``resampled`` bind the helpers of :mod:`wds_cloud.pipeline.shards` (``node_share``,
+  ``worker_share``, ``require_single_node``, ``ShardResampler``, ``resample_items``) to
+  :func:`worker_info`; the shard-list names of :mod:`wds_cloud.pipeline.shards` are re-exported
+  so this module can stand in for webdataset's ``shardlists``.
 * IterableDataset: ``torch.utils.data.DataLoader`` treats a dataset as iterable only if it is an
   instance of ``torch.utils.data.IterableDataset``. That class is an ABC, so instead of
   subclassing it (which would import torch whenever wds_cloud's pipeline classes are imported),
-  :func:`register_torch_datasets` registers ``pipeline.DataPipeline``, the shard lists and the
-  mixers as virtual subclasses. :class:`DataPipeline` (the public ``wds_cloud.DataPipeline``),
-  ``WebDataset``, ``WebLoader`` and ``ResampledShards`` call it when constructed: the first
-  construction imports torch if it is installed; ``import wds_cloud`` never does.
+  :func:`register_torch_datasets` registers :class:`~wds_cloud.pipeline.Pipeline`, the shard
+  lists and the mixers as virtual subclasses. :class:`DataPipeline` (the public
+  ``wds_cloud.DataPipeline``), ``WebDataset``, ``WebLoader`` and ``ResampledShards`` call it
+  when constructed: the first construction imports torch if it is installed; ``import
+  wds_cloud`` never does.
 * :class:`WebLoader` is webdataset's: a pipeline (with the fluid methods) whose source is a
   ``DataLoader``. Before each pass over the DataLoader it calls ``set_epoch(epoch)`` on the
   dataset, so workers started afresh each epoch (``persistent_workers=False``) see the epoch.
@@ -29,14 +31,14 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from . import pipeline, shards
 from .errors import ConfigError, MissingDependencyError
-from .fluid import FluidInterface
-from .settings import Settings
-from .shards import (
+from .pipeline import core as pipeline
+from .pipeline import shards
+from .pipeline.fluid import FluidInterface
+from .pipeline.shards import (
     SimpleShardList,
     WorkerInfo,
     WorkerInfoSource,
@@ -44,6 +46,7 @@ from .shards import (
     non_empty,
     shardspec,
 )
+from .settings import Settings
 
 __all__ = [
     "DataPipeline",
@@ -121,19 +124,19 @@ def split_by_node(
     src: Iterable[T], group: object = None, *, worker_info: WorkerInfoSource = None
 ) -> Iterator[T]:
     """Keep every ``world_size``-th item starting at this node's rank (see :func:`worker_info`)."""
-    return shards.split_by_node(src, worker_info=_source(worker_info, group))
+    return shards.node_share(src, worker_info=_source(worker_info, group))
 
 
 def split_by_worker(src: Iterable[T], *, worker_info: WorkerInfoSource = None) -> Iterator[T]:
     """Keep every ``num_workers``-th item starting at this DataLoader worker's id."""
-    return shards.split_by_worker(src, worker_info=_source(worker_info))
+    return shards.worker_share(src, worker_info=_source(worker_info))
 
 
 def single_node_only(
     src: Iterable[T], group: object = None, *, worker_info: WorkerInfoSource = None
 ) -> Iterator[T]:
     """Pass items through; raise ConfigError when running on more than one node."""
-    return shards.single_node_only(src, worker_info=_source(worker_info, group))
+    return shards.require_single_node(src, worker_info=_source(worker_info, group))
 
 
 def resampled(
@@ -141,9 +144,9 @@ def resampled(
 ) -> pipeline.stage:
     """Stage: collect the input, then yield ``n`` items drawn with replacement.
 
-    See :func:`wds_cloud.shards.resampled`; the worker comes from :func:`worker_info`.
+    See :func:`wds_cloud.pipeline.shards.resample_items`; the worker comes from :func:`worker_info`.
     """
-    return shards.resampled(n, seed=seed, worker_info=_source(worker_info))
+    return pipeline.stage(shards.resample_items, n, seed=seed, worker_info=_source(worker_info))
 
 
 @functools.cache
@@ -157,20 +160,20 @@ def register_torch_datasets() -> bool:
         from torch.utils.data import IterableDataset
     except ImportError:
         return False
-    from . import mix
+    from .pipeline import mix
 
     for cls in (
-        pipeline.DataPipeline, shards.SimpleShardList, shards.ResampledShards,
+        pipeline.Pipeline, shards.SimpleShardList, shards.ShardResampler,
         mix.RandomMix, mix.RoundRobin,
     ):
         IterableDataset.register(cls)
     return True
 
 
-class DataPipeline(pipeline.DataPipeline):
+class DataPipeline(pipeline.Pipeline):
     """webdataset's ``DataPipeline``: a torch ``IterableDataset`` whenever torch is installed.
 
-    Same as :class:`wds_cloud.pipeline.DataPipeline` (which torch-free code should use), except
+    Same as :class:`wds_cloud.pipeline.Pipeline` (which torch-free code should use), except
     that constructing it first calls :func:`register_torch_datasets`.
     """
 
@@ -184,11 +187,13 @@ class DataPipeline(pipeline.DataPipeline):
             set_epoch(stage, epoch)
 
 
-class ResampledShards(shards.ResampledShards):
-    """:class:`wds_cloud.shards.ResampledShards` with the rank and worker from :func:`worker_info`.
+class ResampledShards(shards.ShardResampler):
+    """:class:`~wds_cloud.pipeline.shards.ShardResampler` with the rank and worker from
+    :func:`worker_info`.
 
-    The stream is different for each rank, worker and epoch; see :mod:`wds_cloud.shards` for
-    how epochs survive DataLoader workers that are restarted every epoch.
+    The stream is different for each rank, worker and epoch; see
+    :mod:`wds_cloud.pipeline.shards` for how epochs survive DataLoader workers that are
+    restarted every epoch.
     """
 
     def __init__(
@@ -202,11 +207,12 @@ class ResampledShards(shards.ResampledShards):
         empty_check: bool = True,
         *,
         worker_info: WorkerInfoSource = None,
+        url_vars: Mapping[str, str] | None = None,
     ) -> None:
         register_torch_datasets()
         super().__init__(
             urls, nshards, seed, worker_seed, deterministic, max_urls, empty_check,
-            worker_info=_source(worker_info),
+            worker_info=_source(worker_info), url_vars=url_vars,
         )
 
 
@@ -221,13 +227,13 @@ def set_epoch(obj: object, epoch: int) -> None:
     if callable(method):
         method(epoch)
         return
-    from .filters import detshuffle
+    from .pipeline.filters import detshuffle
 
     if isinstance(obj, detshuffle):
         obj.epoch = epoch - 1
         return
     stages = getattr(obj, "pipeline", None)
-    if isinstance(obj, pipeline.DataPipeline) and isinstance(stages, list):
+    if isinstance(obj, pipeline.Pipeline) and isinstance(stages, list):
         for stage in stages:
             set_epoch(stage, epoch)
 

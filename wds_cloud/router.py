@@ -16,16 +16,17 @@ keeps working with ``handler(url, mode, bufsize, **kw)`` functions.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from . import openers
 from .errors import ConfigError, OpenError, ShardNotFoundError
+from .io import registry as openers
 from .settings import Settings, expand_path, parse_size
-from .urls import ais_url, parse_rewrite_rules, redact, rewrite_url, split_scheme
+from .urls import RewriteRule, ais_url, parse_rewrite_rules, redact, rewrite_url, split_scheme
 
 if TYPE_CHECKING:
     from .cache import ShardCache
@@ -66,16 +67,32 @@ def scheme_options(storage_options: StorageOptions | None, scheme: str) -> dict[
 
 @dataclass(frozen=True)
 class Router:
-    """Resolves and opens URLs according to one :class:`Settings`."""
+    """Resolves and opens URLs according to one :class:`Settings`.
+
+    Built once per dataset and process (see :class:`wds_cloud.dataset.ShardOpener`): the
+    rewrite rules are parsed and the shard cache is made on first use, then kept.
+    """
 
     settings: Settings
     storage_options: StorageOptions = field(default_factory=dict)
     url_to_name: Callable[[str], str] | None = None
 
+    @functools.cached_property
+    def rules(self) -> tuple[RewriteRule, ...]:
+        """The parsed ``WDS_REWRITE`` rules."""
+        return parse_rewrite_rules(self.settings.rewrite, source=self.settings.rewrite_var)
+
+    @functools.cached_property
+    def _cache(self) -> ShardCache | None:
+        if not self.settings.cache_dir:
+            return None
+        from .cache import ShardCache
+
+        return ShardCache.from_settings(self.settings, url_to_name=self.url_to_name)
+
     def resolve(self, url: str) -> str:
         """The URL actually opened for ``url``: after rewriting and AIStore proxying."""
-        rules = parse_rewrite_rules(self.settings.rewrite, source=self.settings.rewrite_var)
-        resolved = rewrite_url(url, rules)
+        resolved = rewrite_url(url, self.rules)
         if resolved != url:
             log.debug("rewrite %s -> %s", redact(url), redact(resolved))
         scheme = split_scheme(resolved)[0]
@@ -104,12 +121,8 @@ class Router:
         return self._open(url, resolved, mode, options)
 
     def cache(self) -> ShardCache | None:
-        """The shard cache the settings ask for, if any."""
-        if not self.settings.cache_dir:
-            return None
-        from .cache import ShardCache
-
-        return ShardCache.from_settings(self.settings, url_to_name=self.url_to_name)
+        """The shard cache the settings ask for, if any (made once)."""
+        return self._cache
 
     def _open(self, url: str, resolved: str, mode: str, options: dict[str, Any]) -> BinaryIO:
         opener = openers.get_opener(resolved)
@@ -147,7 +160,7 @@ class Router:
 
 def expand_glob(
     urls: list[str], *, settings: Settings | None = None,
-    storage_options: StorageOptions | None = None,
+    storage_options: StorageOptions | None = None, router: Router | None = None,
 ) -> list[str]:
     """``urls`` with each pattern containing ``*``, ``?`` or ``[`` replaced by its matches.
 
@@ -156,7 +169,8 @@ def expand_glob(
     it is."""
     if not any(_GLOB_CHARS & set(url) for url in urls):
         return list(urls)
-    router = Router(settings or Settings.from_env(), storage_options or {})
+    if router is None:
+        router = Router(settings or Settings.from_env(), storage_options or {})
     return [found for url in urls
             for found in (router.glob(url) if _is_pattern(url) else [url])]
 

@@ -18,6 +18,8 @@ variable                 meaning
                          (ETag, generation) and fetch it again if it did
 ``WDS_CACHE_LOCAL``      ``1``: cache local and NAS paths too (for slow network file systems)
 ``WDS_SECURE``           ``1``: refuse to unpickle (``.pyd``, ``.pickle``, ``.pth``) samples
+``WDS_PYTORCH_WEIGHTS_ONLY`` ``1``: ``torch.load`` of ``.pth`` samples with ``weights_only=True``
+``WDS_SEED``             the seed of shard shuffling and resampling when none is given
 ``WDS_RETRIES``          retries of a failed request or dropped connection (default 8)
 ``WDS_RETRY_BACKOFF``    first backoff delay in seconds, doubled each retry (default 0.2)
 ``WDS_RETRY_BACKOFF_MAX`` longest backoff delay in seconds (default 10)
@@ -121,6 +123,16 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
         raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
 
 
+def _seed(env: Mapping[str, str]) -> int | None:
+    raw = env.get("WDS_SEED")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"WDS_SEED must be an integer seed, got {raw!r}") from None
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything wds_cloud takes from the environment, read once."""
@@ -135,6 +147,8 @@ class Settings:
     cache_revalidate: bool = False
     cache_local: bool = False
     secure: bool = False
+    pytorch_weights_only: bool = False
+    seed: int | None = None
     retries: int = 8
     retry_backoff: float = 0.2
     retry_backoff_max: float = 10.0
@@ -177,6 +191,9 @@ class Settings:
                                         name="WDS_CACHE_REVALIDATE"),
             cache_local=parse_bool(env.get("WDS_CACHE_LOCAL", ""), name="WDS_CACHE_LOCAL"),
             secure=parse_bool(env.get("WDS_SECURE", ""), name="WDS_SECURE"),
+            pytorch_weights_only=parse_bool(env.get("WDS_PYTORCH_WEIGHTS_ONLY", ""),
+                                            name="WDS_PYTORCH_WEIGHTS_ONLY"),
+            seed=_seed(env),
             retries=cls.retries if retries is None else retries,
             retry_backoff=_float(env, "WDS_RETRY_BACKOFF", cls.retry_backoff),
             retry_backoff_max=_float(env, "WDS_RETRY_BACKOFF_MAX", cls.retry_backoff_max),

@@ -37,8 +37,8 @@ from stores.nginx import NginxServer
 from stores.proxy import FaultProxy
 
 import wds_cloud as wds
-from wds_cloud.locals3 import LocalS3Server
 from wds_cloud.settings import Settings
+from wds_cloud.testing.locals3 import LocalS3Server
 
 MB = 10**6
 _BUF = bytearray(4 * 2**20)

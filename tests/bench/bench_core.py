@@ -76,7 +76,7 @@ def pipelines(decode: bool) -> dict[str, Factory]:
         except (ImportError, AttributeError):  # pipeline pieces not there: the bare reader
             if decode:
                 raise
-            from wds_cloud import tario
+            from wds_cloud.tar import samples as tario
             return tario.tarfile_samples([{"url": u} for u in urls],
                                          open_stream=lambda u: open(u, "rb"))
 

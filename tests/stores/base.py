@@ -28,10 +28,11 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from wds_cloud.testing import ContractStore
+
 from .procs import ManagedServer
 
 if TYPE_CHECKING:
-    import pytest
 
     from .proxy import FaultProxy
 
@@ -132,46 +133,20 @@ class FsspecServer(ManagedServer):
         self._fs = None
 
 
-class Store:
-    """Base class: see the module docstring for the contract."""
+class Store(ContractStore):
+    """Base class: see the module docstring for the contract (wds_cloud's
+    :class:`~wds_cloud.testing.ContractStore`, plus a name, a scheme and fault proxies)."""
 
     name: str = ""
     scheme: str = ""
     flavor: str = "plain"
-    features: frozenset[str] = frozenset()
     origin: str | None = None
-
-    @property
-    def storage_options(self) -> dict[str, dict[str, Any]]:
-        return {}
-
-    @property
-    def denied_storage_options(self) -> dict[str, dict[str, Any]]:
-        return self.storage_options
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {}
-
-    def url(self, key: str) -> str:
-        raise NotImplementedError
-
-    def put(self, key: str, data: bytes) -> None:
-        raise NotImplementedError
-
-    def get(self, key: str) -> bytes | None:
-        raise NotImplementedError
 
     def denied_url(self, key: str) -> str:
         raise NotImplementedError(f"the {self.name} store cannot produce a 403")
 
     def proxied(self, proxy: FaultProxy) -> Store:
         raise NotImplementedError(f"the {self.name} store has no server to put a proxy before")
-
-    def apply_env(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Set :attr:`env` for the rest of the test."""
-        for key, value in self.env.items():
-            monkeypatch.setenv(key, value)
 
     def _check_proxy(self, proxy: FaultProxy) -> None:
         if self.origin is None or proxy.upstream != self.origin.rstrip("/"):

@@ -1,4 +1,4 @@
-"""S3: rclone serving a directory (wds_cloud.locals3.LocalS3Server), and its Store."""
+"""S3: rclone serving a directory (wds_cloud.testing.locals3.LocalS3Server), and its Store."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from wds_cloud.errors import OpenError
-from wds_cloud.locals3 import LocalS3Server
+from wds_cloud.testing.locals3 import LocalS3Server
 
 from .base import FsspecServer, FsspecStore, invalidate_fsspec, write_atomic
 from .procs import ServerStartError

@@ -1,0 +1,156 @@
+"""Property tests: random archives read member-for-member like Python's tarfile; random cuts
+never yield half a member; sizes beyond 8 GiB parse."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import random
+import tarfile
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from wds_cloud.errors import ShardFormatError
+from wds_cloud.tar import reader as tarformat
+
+FORMATS = [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]
+SETTINGS = settings(max_examples=150, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+segment = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="/\0"),
+    min_size=1, max_size=60,
+)
+names = st.lists(segment, min_size=1, max_size=4).map("/".join)
+sizes = st.one_of(st.sampled_from([0, 1, 511, 512, 513, 1024, 1536]), st.integers(0, 3000))
+kinds = st.sampled_from(["file"] * 6 + ["dir", "symlink", "hardlink"])
+members = st.lists(st.tuples(names, sizes, kinds), max_size=12)
+
+
+def build(spec: list[tuple[str, int, str]], fmt: int, seed: int) -> bytes | None:
+    """The archive for ``spec``, or None when ``fmt`` cannot hold one of the names."""
+    rng = random.Random(seed)
+    out = io.BytesIO()
+    try:
+        with tarfile.open(fileobj=out, mode="w", format=fmt) as tf:
+            for name, size, kind in spec:
+                info = tarfile.TarInfo(name)
+                if kind == "file":
+                    info.size = size
+                    tf.addfile(info, io.BytesIO(rng.randbytes(size)))
+                    continue
+                info.type = {"dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
+                             "hardlink": tarfile.LNKTYPE}[kind]
+                info.linkname = "target"
+                tf.addfile(info)
+    except ValueError:  # e.g. a name too long for ustar
+        return None
+    return out.getvalue()
+
+
+def reference(data: bytes) -> list[tuple[str, bytes]]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as tf:
+        return [(m.name, tf.extractfile(m).read()) for m in tf if m.isreg()]  # type: ignore[union-attr]
+
+
+def read_all(data: bytes, chunk_size: int, probe: int = tarformat._PROBE
+             ) -> tuple[list[tuple[str, bytes]], Exception | None]:
+    """Members read before the end or the error. ``probe`` = 1 vectorizes (almost) at once."""
+    got: list[tuple[str, bytes]] = []
+    saved, tarformat._PROBE = tarformat._PROBE, probe
+    try:
+        for batch in tarformat.iter_member_batches(io.BytesIO(data), url="mem://p.tar",
+                                                   chunk_size=chunk_size):
+            got.extend(batch)
+    except ShardFormatError as exc:
+        return got, exc
+    finally:
+        tarformat._PROBE = saved
+    return got, None
+
+
+@SETTINGS
+@given(spec=members, fmt=st.sampled_from(FORMATS), seed=st.integers(0, 2**16),
+       compress=st.booleans(), chunk=st.sampled_from([512, 1536, 4096, tarformat.CHUNK_SIZE]),
+       probe=st.sampled_from([1, 2, 32]))
+def test_random_archives_read_like_tarfile(spec: list[tuple[str, int, str]], fmt: int, seed: int,
+                                           compress: bool, chunk: int, probe: int) -> None:
+    data = build(spec, fmt, seed)
+    assume(data is not None)
+    assert data is not None
+    if compress:
+        data = gzip.compress(data, compresslevel=1)
+    expected = reference(data)
+    got, error = read_all(data, chunk, probe)
+    assert error is None
+    assert got == expected
+    assert len(got) == sum(1 for _, _, kind in spec if kind == "file")
+
+
+def _member_ends(data: bytes) -> list[int]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+        return [m.offset_data + -(-m.size // 512) * 512 if m.isreg() else m.offset_data
+                for m in tf]
+
+
+@SETTINGS
+@given(spec=members, fmt=st.sampled_from(FORMATS), seed=st.integers(0, 2**16),
+       where=st.floats(0, 1), compress=st.booleans(), probe=st.sampled_from([1, 32]))
+def test_random_truncation_never_yields_half_a_member(
+    spec: list[tuple[str, int, str]], fmt: int, seed: int, where: float, compress: bool,
+    probe: int,
+) -> None:
+    data = build(spec, fmt, seed)
+    assume(data is not None and spec)
+    assert data is not None
+    full = reference(data)
+    ends = _member_ends(data)
+    packed = gzip.compress(data, compresslevel=1) if compress else data
+    cut = int(where * len(packed))
+    got, error = read_all(packed[:cut], 4096, probe)
+    assert got == full[:len(got)]  # a prefix of whole members
+    if error is not None:
+        assert error.url == "mem://p.tar" and error.offset is not None
+    elif compress:
+        assert cut == 0 or got == full
+    else:
+        assert cut == 0 or cut in ends or cut >= ends[-1]
+        assert got == full[:sum(1 for (_, _, kind), end in zip(spec, ends, strict=True)
+                                if kind == "file" and end <= cut)]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_sizes_beyond_8_gib_parse(fmt: int) -> None:
+    size = 9 * 2**30 + 123
+    info = tarfile.TarInfo("huge/member.bin")
+    info.size = size
+    headers = info.tobuf(fmt, "utf-8", "surrogateescape")
+    if fmt == tarfile.GNU_FORMAT:
+        field = headers[124:136]
+        assert field[0] == 0x80  # base-256, written by tarfile
+        assert tarformat.parse_number(field) == size
+        assert tarfile.TarInfo.frombuf(headers[:512], "utf-8", "strict").size == size
+    stream = headers + b"\x01" * 5000
+    got, error = read_all(stream, tarformat.CHUNK_SIZE)
+    assert got == []
+    assert error is not None and error.member == "huge/member.bin"
+    assert error.offset == len(headers) - 512  # the header that holds (or follows) the size
+    assert str(size) in str(error)
+
+
+def test_hand_made_base256_header() -> None:
+    size = 2**36 + 5  # 64 GiB: beyond what 11 octal digits can hold
+    header = bytearray(512)
+    header[0:8] = b"big.bin\0"
+    header[100:108] = b"0000644\0"
+    header[124:136] = b"\x80" + size.to_bytes(11, "big")
+    header[156:157] = b"0"
+    header[257:265] = b"ustar  \0"
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    assert tarfile.TarInfo.frombuf(bytes(header), "utf-8", "strict").size == size
+    got, error = read_all(bytes(header) + bytes(512), tarformat.CHUNK_SIZE)
+    assert got == [] and error is not None
+    assert error.member == "big.bin" and str(size) in str(error)

@@ -1,0 +1,278 @@
+"""The files of a shard cache directory: names, records and locks (see :mod:`wds_cloud.cache`).
+
+::
+
+    <root>/CACHEDIR.TAG            marks the directory as a cache for backup tools
+    <root>/data/<name>             published shards, complete and validated
+    <root>/meta/<name>.json        their validation records (url, size, version, crc32)
+    <root>/partial/<name>          shards being downloaded
+    <root>/partial/<name>.json     the record of each download in progress (its reservation)
+    <root>/locks/<name>.lock       held (flock) while an entry is filled, replaced or evicted
+    <root>/locks/cache.lock        held while room is made and reserved
+
+``<name>`` is the URL's basename made safe (``[A-Za-z0-9._-]``) with 16 hex digits of the
+SHA-256 of the whole URL put before its extension: ``shard-000003.5d41402abc4b2a76.tar``. It
+contains no ``/`` and is never ``.`` or ``..``, so no URL can name a file outside the directory.
+
+Locks are ``flock`` locks: the kernel drops them when their process dies, so a killed process
+never leaves a lock held. A lock file may be removed only by the holder of its lock; whoever
+locks one checks afterwards that the path still names the file it locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import CacheError
+
+__all__ = ["DISK_BLOCK", "CacheLayout", "Record", "check_record", "footprint", "url_key"]
+
+FORMAT = 1
+DISK_BLOCK = 4096
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_TAG = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+        "# This directory is a wds_cloud shard cache; see `wds-cloud cache --help`.\n")
+
+
+def url_key(url: str) -> str:
+    """The SHA-256 (hex) of the whole URL: scheme, bucket, path and query."""
+    return hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def check_record(record: Record | None, size: int, key: str) -> str:
+    """What is wrong with an entry of ``size`` bytes whose record is ``record``, given its
+    ``key`` (the whole SHA-256, or the 16 hex digits in its name); ``""`` if nothing."""
+    if record is None:
+        return "no readable record"
+    if not record.key.startswith(key):
+        return "its record belongs to another URL"
+    if record.size != size:
+        return f"{size} bytes on disk, {record.size} recorded"
+    return ""
+
+
+def footprint(size: int) -> int:
+    """Bytes an entry of ``size`` bytes is charged: its data in whole blocks plus one block for
+    its record."""
+    return -(-size // DISK_BLOCK) * DISK_BLOCK + DISK_BLOCK
+
+
+def _readable(text: str) -> tuple[str, str]:
+    safe = _UNSAFE.sub("_", text).lstrip(".") or "shard"
+    stem, dot, ext = safe.partition(".")
+    return (stem or "shard")[:80], (dot + ext)[-24:] if ext else ""
+
+
+@dataclass(frozen=True)
+class Record:
+    """What an entry (or a download in progress) is: the URL (redacted), its key, size in
+    bytes, the store's version (ETag, generation) and, once complete, the CRC-32 of the bytes."""
+
+    url: str
+    key: str
+    size: int
+    version: str | None
+    crc32: int | None = None
+    pid: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "url": self.url, "key": self.key, "size": self.size,
+                           "version": self.version, "crc32": self.crc32, "pid": self.pid})
+
+    @classmethod
+    def from_json(cls, text: str) -> Record | None:
+        """The record in ``text``, or ``None`` if it is not one this version wrote."""
+        try:
+            raw = json.loads(text)
+            if raw.get("format") != FORMAT:
+                return None
+            return cls(url=str(raw["url"]), key=str(raw["key"]), size=int(raw["size"]),
+                       version=raw["version"], crc32=raw.get("crc32"), pid=raw.get("pid"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Paths and file operations of one cache directory ``root`` (absolute)."""
+
+    root: str
+
+    def name_for(self, url: str, url_to_name: Callable[[str], str] | None = None) -> str:
+        """The entry name of ``url``: readable basename plus a hash of the whole URL."""
+        if url_to_name is not None:
+            readable = str(url_to_name(url))
+        else:
+            path = urlsplit(url).path if "://" in url else url
+            readable = path.rstrip("/").rsplit("/", 1)[-1]
+        stem, ext = _readable(readable)
+        return f"{stem}.{url_key(url)[:16]}{ext}"
+
+    @staticmethod
+    def key_of(name: str) -> str:
+        """The 16 hex digits of the URL's hash in the entry name ``name``."""
+        return name.split(".")[1] if name.count(".") else ""
+
+    def data(self, name: str) -> str:
+        return os.path.join(self.root, "data", name)
+
+    def meta(self, name: str) -> str:
+        return os.path.join(self.root, "meta", name + ".json")
+
+    def part(self, name: str) -> str:
+        return os.path.join(self.root, "partial", name)
+
+    def part_record(self, name: str) -> str:
+        return os.path.join(self.root, "partial", name + ".json")
+
+    def lock_path(self, name: str) -> str:
+        return os.path.join(self.root, "locks", name + ".lock")
+
+    def ensure(self) -> None:
+        """Create the directory and its subdirectories (once per process and root)."""
+        if self.root in _READY:
+            return
+        try:
+            for sub in ("data", "meta", "partial", "locks"):
+                os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+            tag = os.path.join(self.root, "CACHEDIR.TAG")
+            if not os.path.exists(tag):
+                write_atomic(tag, _TAG)
+        except OSError as exc:
+            raise CacheError(f"cannot use {self.root!r} as the shard cache directory: {exc}; "
+                             "set WDS_CACHE or cache_dir= to a writable directory") from exc
+        _READY.add(self.root)
+
+    def names(self, sub: str = "data") -> Iterator[os.DirEntry[str]]:
+        """The files of ``data`` (or another subdirectory), skipping temporary files."""
+        try:
+            with os.scandir(os.path.join(self.root, sub)) as it:
+                yield from (e for e in it if not e.name.endswith(".tmp"))
+        except FileNotFoundError:
+            return
+
+    def read_record(self, path: str) -> Record | None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return Record.from_json(f.read())
+        except (FileNotFoundError, UnicodeDecodeError):
+            return None
+
+    def try_lock(self, name: str) -> int | None:
+        """The entry lock of ``name`` if nobody holds it (a descriptor to :meth:`unlock`)."""
+        return try_flock(self.lock_path(name))
+
+    def lock_free(self, name: str) -> bool:
+        """Whether nobody holds the entry lock of ``name`` (probed, not kept)."""
+        fd = self.try_lock(name)
+        if fd is None:
+            return False
+        self.unlock(fd, name)
+        return True
+
+    def unlock(self, fd: int, name: str, *, remove: bool = False) -> None:
+        if remove:
+            unlink(self.lock_path(name))
+        _held.discard(fd)
+        os.close(fd)
+
+    @contextmanager
+    def admission(self) -> Iterator[None]:
+        """Hold the directory-wide lock under which room is made and reserved."""
+        fd = os.open(os.path.join(self.root, "locks", "cache.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def drop_partial(self, name: str) -> None:
+        """Remove a download's file, then its record (so a part never lacks its record)."""
+        unlink(self.part(name))
+        unlink(self.part_record(name))
+
+
+_READY: set[str] = set()
+
+
+def try_flock(path: str, op: int = fcntl.LOCK_EX) -> int | None:
+    """Lock ``path`` without waiting; ``None`` if someone else holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            _hold(fd)
+            return fd
+        os.close(fd)  # the file was removed and maybe re-created meanwhile: lock the new one
+
+
+_held: set[int] = set()  # entry locks this process holds
+_fork_hook: list[bool] = []
+
+
+def _hold(fd: int) -> None:
+    """Note a held entry lock. A forked child (a DataLoader worker) shares the lock with its
+    parent through the inherited descriptor, and would keep the entry locked until it exits:
+    the child closes its copies right after the fork, which leaves the parent's lock alone."""
+    if not _fork_hook:
+        _fork_hook.append(True)
+        os.register_at_fork(after_in_child=_drop_inherited_locks)
+    _held.add(fd)
+
+
+def _drop_inherited_locks() -> None:
+    for fd in list(_held):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    tmp = f"{path}.{os.getpid()}-{threading.get_ident():x}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def stream_facts(stream: Any) -> tuple[int | None, str | None]:
+    """The size and version of an opened shard: a remote stream's own, or a local file's
+    size and modification time."""
+    size, version = getattr(stream, "size", None), getattr(stream, "version", None)
+    if size is not None:
+        return int(size), version
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return None, None
+    if not stat.S_ISREG(st.st_mode):  # a pipe, a socket: no size to reserve
+        return None, None
+    return st.st_size, f"mtime:{st.st_mtime_ns}"

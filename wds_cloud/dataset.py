@@ -1,0 +1,415 @@
+"""webdataset's ``WebDataset`` and ``FluidWrapper``, and the tar functions bound to gopen.
+
+This is the composition root: it binds the layer-2 functions (which take an ``open_stream``
+argument) to :func:`wds_cloud.router.gopen`, and the shard splitters to
+:func:`wds_cloud.pytorch.worker_info`. It imports torch only when a dataset is constructed (see
+:mod:`wds_cloud.pytorch`), and only if torch is installed.
+
+``WebDataset`` takes webdataset 1.0.2's arguments. Where webdataset silently ignored one, we
+use it or refuse it:
+
+* ``repeat=True`` repeats the dataset forever (webdataset 1.0.2 ignored it);
+* ``verbose=True`` logs each shard as it is opened (logger ``wds_cloud.dataset``, level INFO);
+* ``cache_dir`` and ``cache_size`` (bytes, or ``"50GB"``) read shards through the on-disk
+  shard cache (:mod:`wds_cloud.cache`), overriding ``WDS_CACHE``/``WDS_CACHE_SIZE``;
+  ``cache_size=-1`` (the default) takes ``WDS_CACHE_SIZE`` or no bound, ``0`` turns the cache
+  off; ``url_to_name`` gives the readable part of cache file names, to which a hash of the URL
+  is always added (webdataset's basenames collided across buckets); keyword-only
+  ``cache_revalidate`` and ``cache_local`` override ``WDS_CACHE_REVALIDATE``/``WDS_CACHE_LOCAL``;
+* ``mode`` other than ``None``/``"resampled"`` (webdataset's directory-watching modes) and
+  directory URLs ending in ``/``, YAML/JSON specs and spec dicts raise ``ConfigError``;
+* ``shardshuffle=n`` shuffles shards with a seed derived per rank, worker and epoch, so each
+  epoch has a new order (webdataset repeated one order); ``detshuffle=True`` keeps webdataset's
+  ``detshuffle`` stage (``Random(seed + epoch)``), whose epoch ``set_epoch`` also sets.
+* ``storage_options`` (keyword-only, per scheme: ``{"s3": {...}, "gs": {...}}``) go to the
+  fsspec filesystems; shard patterns with ``*``/``?``/``[...]`` (``s3://b/train/shard-*.tar``)
+  are listed once, when the dataset is built;
+* ``seed=None`` takes ``WDS_SEED`` (an integer) if set, else a random seed, as webdataset;
+  with ``resampled=True`` a chosen seed (argument or ``WDS_SEED``) makes the resampled shard
+  streams reproducible (``ResampledShards(seed=seed, deterministic=True)``; webdataset ignored
+  the seed there), while no seed keeps webdataset's non-deterministic resampling.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, BinaryIO
+from urllib.parse import urlparse
+
+from .errors import ConfigError
+from .handlers import Handler, reraise_exception
+from .io.readahead import ReadAhead
+from .pipeline import core as pipeline
+from .pipeline import filters, shards
+from .pipeline.core import pipelinefilter
+from .pipeline.fluid import FluidInterface
+from .pipeline.shards import WorkerInfo
+from .pytorch import (
+    DataPipeline,
+    ResampledShards,
+    single_node_only,
+    split_by_node,
+    split_by_worker,
+    worker_info,
+)
+from .router import Router, expand_glob, gopen, with_cache
+from .settings import Settings
+from .tar import samples as tario
+
+# re-exported: webdataset code reaches them as ``wds.tariterators.*``
+from .tar.samples import (
+    base_plus_ext,
+    group_by_keys,
+    tar_file_expander,
+    tar_file_iterator,
+    valid_sample,
+)
+from .urls import redact
+
+__all__ = [
+    "FluidInterface",
+    "FluidWrapper",
+    "WebDataset",
+    "base_plus_ext",
+    "cbors_to_samples",
+    "check_empty",
+    "group_by_keys",
+    "msgpacks_to_samples",
+    "tar_file_expander",
+    "tar_file_iterator",
+    "tarfile_samples",
+    "tarfile_to_samples",
+    "url_opener",
+    "valid_sample",
+]
+
+log = logging.getLogger(__name__)
+
+Sample = dict[str, Any]
+
+
+def _open(url: str, **kw: Any) -> BinaryIO:
+    return gopen(url, "rb", **kw)
+
+
+@dataclass(frozen=True)
+class ShardOpener:
+    """Opens shards for reading with one :class:`Settings` and per-scheme ``storage_options``
+    (a picklable value, taken to DataLoader workers). :meth:`samples` reads a stream
+    of sources with the next ``settings.readahead`` shards opened in the background.
+
+    The :class:`~wds_cloud.router.Router` (parsed rewrite rules, AIStore mapping, shard cache)
+    is built once per process, on the first open: never pickled, and built anew in a forked
+    or spawned DataLoader worker."""
+
+    settings: Settings = field(default_factory=Settings)
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    url_to_name: Callable[[str], str] | None = None
+    _router: list[tuple[int, Router]] = field(default_factory=list, init=False, repr=False,
+                                              compare=False)
+
+    @property
+    def router(self) -> Router:
+        """This process's router (built on first use)."""
+        pid = os.getpid()
+        if not self._router or self._router[0][0] != pid:
+            self._router[:] = [(pid, Router(self.settings, self.storage_options,
+                                            self.url_to_name))]
+        return self._router[0][1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_router": []}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __call__(self, url: str, **kw: Any) -> BinaryIO:
+        return self.router.open(url, "rb", **kw)
+
+    def samples(
+        self, src: Iterable[Sample], handler: Handler, select_files: Any, rename_files: Any,
+    ) -> Iterator[Sample]:
+        depth = self.settings.readahead
+        with ReadAhead(self, depth=depth, max_bytes=self.settings.readahead_bytes) as ahead:
+            yield from tario.samples_from_shards(ahead.sources(src), handler, select_files,
+                                             rename_files, open_stream=ahead.open)
+
+
+def tarfile_samples(
+    src: Iterable[Sample], handler: Handler = reraise_exception,
+    select_files: Callable[[str], bool] | None = None,
+    rename_files: Callable[[str], str | None] | None = None, *,
+    storage_options: Mapping[str, Any] | None = None, settings: Settings | None = None,
+    url_to_name: Callable[[str], str] | None = None,
+) -> Iterator[Sample]:
+    """Samples from the tar shards named by ``src`` (dicts with ``url``), opened with gopen
+    (through the shard cache when the settings name one); the next shards are opened ahead in
+    the background (``WDS_READAHEAD``)."""
+    opener = ShardOpener(settings or Settings.from_env(), storage_options or {}, url_to_name)
+    return opener.samples(src, handler, select_files, rename_files)
+
+
+tarfile_to_samples = pipelinefilter(tarfile_samples)
+"""Stage ``tarfile_to_samples(handler=..., select_files=None, rename_files=None,
+storage_options=None)``."""
+
+
+def url_opener(
+    data: Iterable[Sample], handler: Handler = reraise_exception, **kw: Any
+) -> Iterator[Sample]:
+    """Add ``stream`` (and ``local_path``) to dicts with ``url``; ``kw`` goes to gopen."""
+    return tario.open_shards(data, handler, open_stream=_open, **kw)
+
+
+def cbors_to_samples(src: Iterable[Sample], handler: Handler = reraise_exception) -> Any:
+    """Samples from files of CBOR records named by ``src`` (dicts with ``url``), via gopen."""
+    from .codecs import records
+
+    return records.cbor_file_samples(src, handler, open_stream=_open)
+
+
+def msgpacks_to_samples(src: Iterable[Sample], handler: Handler = reraise_exception) -> Any:
+    """Samples from files of MsgPack records named by ``src`` (dicts with ``url``), via gopen."""
+    from .codecs import records
+
+    return records.msgpack_file_samples(src, handler, open_stream=_open)
+
+
+class check_empty:
+    """Stage: pass samples through; raise ConfigError if this worker got none at all."""
+
+    def __init__(self, what: str = "dataset", *,
+                 worker_info: Callable[[], WorkerInfo] = worker_info) -> None:
+        self.what = what
+        self.worker_info = worker_info
+
+    def __call__(self, source: Iterable[Sample]) -> Iterator[Sample]:
+        empty = True
+        for sample in source:
+            empty = False
+            yield sample
+        if empty:
+            info = self.worker_info()
+            raise ConfigError(
+                f"no samples found in {self.what} (rank {info.rank}/{info.world_size}, worker "
+                f"{info.worker}/{info.num_workers}); perhaps there are fewer shards than nodes x "
+                "workers, or the shards are empty. Turn this check off with "
+                "WebDataset(..., empty_check=False)"
+            )
+
+
+def _log_shards(src: Iterable[Sample]) -> Iterator[Sample]:
+    for item in src:
+        log.info("WebDataset: opening shard %s", redact(str(item.get("url"))))
+        yield item
+
+
+def _as_seed(value: object, name: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise ConfigError(f"{name} must be an integer seed, got {value!r}")
+
+
+def _cache_settings(settings: Settings, cache_dir: Any, cache_size: Any,
+                    revalidate: bool | None, local: bool | None) -> Settings:
+    """``settings`` with WebDataset's explicit cache arguments in place of the environment's."""
+    if isinstance(cache_size, (int, float)) and not isinstance(cache_size, bool) \
+            and cache_size < 0:
+        cache_size = None
+    settings = with_cache(settings, cache_dir, cache_size)
+    if revalidate is not None:
+        settings = replace(settings, cache_revalidate=bool(revalidate))
+    if local is not None:
+        settings = replace(settings, cache_local=bool(local))
+    return settings
+
+
+def _refuse_unsupported(urls: object, mode: str | None) -> None:
+    if mode not in (None, "resampled"):
+        raise ConfigError(
+            f"WebDataset(mode={mode!r}): only None and 'resampled' are supported (webdataset's "
+            "other modes watch a directory of shards, which wds_cloud does not do)"
+        )
+    if isinstance(urls, dict) or (
+        isinstance(urls, str) and urls.endswith((".yaml", ".yml", ".json"))
+    ):
+        shown = urls if isinstance(urls, str) else "a spec dict"
+        raise ConfigError(
+            f"WebDataset({shown!r}): YAML/JSON dataset specs are not supported yet; give a "
+            "brace pattern such as 'data/shard-{000000..000099}.tar' or a list of URLs"
+        )
+    if isinstance(urls, str) and urlparse(urls).path.endswith("/"):
+        raise ConfigError(
+            f"WebDataset({redact(urls)!r}): a URL ending in '/' means a directory to watch "
+            "(webdataset's DirectoryShardList), which is not supported; list the shards "
+            "with a brace pattern instead"
+        )
+
+
+def _expand_patterns(urls: Any, url_vars: Mapping[str, str], router: Router) -> Any:
+    """Shard URLs with globs (``s3://b/train-*.tar``) listed once, here, not in each worker."""
+    if not isinstance(urls, str) and not (
+            isinstance(urls, (list, tuple)) and all(isinstance(u, str) for u in urls)):
+        return urls
+    listed = shards.expand_source(urls, url_vars=url_vars)
+    expanded = expand_glob(listed, router=router)
+    return urls if expanded == listed else expanded
+
+
+def _resolve_seed(seed: object, settings: Settings) -> tuple[int, bool]:
+    """The seed to use and whether the user chose it (argument or ``WDS_SEED``)."""
+    if seed is not None:
+        return _as_seed(seed, "WebDataset(seed=...)"), True
+    if settings.seed is not None:
+        return settings.seed, True
+    return random.SystemRandom().randrange(2**63), False
+
+
+def _bind_worker_info(splitter: Any, where: Callable[[], WorkerInfo]) -> Any:
+    """Our own splitters, told where they run with the dataset's settings (not the environment
+    read again); any other splitter as it is."""
+    if splitter in (split_by_node, split_by_worker, single_node_only):
+        return functools.partial(splitter, worker_info=where)
+    return splitter
+
+
+def _shard_source(urls: Any, resampled: bool, empty_check: bool, seed: int | None,
+                  url_vars: Mapping[str, str]) -> Any:
+    if isinstance(urls, (shards.SimpleShardList, shards.ShardResampler, pipeline.Pipeline)):
+        if resampled:
+            raise ConfigError(
+                f"WebDataset(resampled=True) needs URLs, not a shard list object ({urls!r}); "
+                "pass the URLs, or pass ResampledShards(urls) without resampled=True"
+            )
+        return urls
+    if isinstance(urls, (str, Iterable)):
+        if resampled:
+            if seed is None:
+                return ResampledShards(urls, empty_check=empty_check, url_vars=url_vars)
+            return ResampledShards(urls, seed=seed, deterministic=True, empty_check=empty_check,
+                                   url_vars=url_vars)
+        return shards.SimpleShardList(urls, url_vars=url_vars)
+    raise ConfigError(
+        f"WebDataset cannot use urls of type {type(urls).__name__}: give a string (brace "
+        "pattern, '::'-joined lists), a list of URL strings or a shard list"
+    )
+
+
+class WebDataset(DataPipeline, FluidInterface):
+    """A pipeline reading samples from WebDataset tar shards, with webdataset 1.0.2's arguments.
+
+    Stages, in order: the shard list (``SimpleShardList``, or ``ResampledShards`` when
+    ``resampled``), ``nodesplitter``, ``workersplitter``, the shard shuffle, reading and
+    grouping the tar files (``tarfile_to_samples`` with ``handler``, ``select_files`` and
+    ``rename_files``), and the empty check. See the module docstring for arguments that
+    behave differently from webdataset. A torch ``IterableDataset`` when torch is installed.
+    """
+
+    def __init__(
+        self,
+        urls: Any,
+        handler: Handler = reraise_exception,
+        mode: str | None = None,
+        resampled: bool = False,
+        repeat: bool = False,
+        shardshuffle: int | bool | None = None,
+        cache_size: int | str = -1,
+        cache_dir: str | None = None,
+        url_to_name: Callable[[str], str] | None = None,
+        detshuffle: bool = False,
+        nodesplitter: Callable[[Iterable[Any]], Iterable[Any]] | None = single_node_only,
+        workersplitter: Callable[[Iterable[Any]], Iterable[Any]] | None = split_by_worker,
+        select_files: Callable[[str], bool] | None = None,
+        rename_files: Callable[[str], str | None] | None = None,
+        empty_check: bool = True,
+        verbose: bool = False,
+        seed: int | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_revalidate: bool | None = None,
+        cache_local: bool | None = None,
+    ) -> None:
+        super().__init__()
+        _refuse_unsupported(urls, mode)
+        # the composition root: the environment is read here, once, and passed down
+        self.settings = settings = _cache_settings(
+            Settings.from_env(), cache_dir, cache_size, cache_revalidate, cache_local)
+        opener = ShardOpener(settings, storage_options or {}, url_to_name)
+        urls = _expand_patterns(urls, settings.url_vars, opener.router)
+        resampled = resampled or mode == "resampled"
+        shardshuffle = _shardshuffle_size(shardshuffle, resampled)
+        self.seed, chosen = _resolve_seed(seed, settings)
+        where = functools.partial(worker_info, settings)
+        self.append(_shard_source(urls, resampled, empty_check, self.seed if chosen else None,
+                                  settings.url_vars))
+        if nodesplitter is not None:
+            self.append(_bind_worker_info(nodesplitter, where))
+        if workersplitter:
+            self.append(_bind_worker_info(workersplitter, where))
+        if shardshuffle:
+            if detshuffle:
+                self.append(filters.detshuffle(shardshuffle, seed=self.seed))
+            else:
+                self.append(shards.ShardShuffle(shardshuffle, seed=self.seed, worker_info=where))
+        if verbose:
+            self.append(_log_shards)
+        self.append(functools.partial(opener.samples, handler=handler,
+                                      select_files=select_files, rename_files=rename_files))
+        if empty_check:
+            self.append(check_empty(_describe(urls), worker_info=where))
+        if repeat:
+            self.repeat()
+
+    def __enter__(self) -> WebDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _describe(urls: object) -> str:
+    if isinstance(urls, str):
+        return f"WebDataset({redact(urls)!r})"
+    return f"WebDataset({type(urls).__name__})"
+
+
+def _shardshuffle_size(shardshuffle: int | bool | None, resampled: bool) -> int:
+    """webdataset's warnings, then the buffer size of the shard shuffle (0: none)."""
+    if resampled:
+        if shardshuffle not in (False, None):
+            warnings.warn(
+                "WebDataset(shardshuffle=...) is ignored for resampled datasets", stacklevel=3)
+        return 0
+    if shardshuffle is None:
+        warnings.warn(
+            "WebDataset(shardshuffle=...) is None; set explicitly to False or a number",
+            stacklevel=3)
+        return 0
+    if shardshuffle is True:
+        warnings.warn(
+            "set WebDataset(shardshuffle=...) to a positive integer or 0 or False", stacklevel=3)
+        return 100
+    if not isinstance(shardshuffle, int) or shardshuffle < 0:
+        raise ConfigError(
+            f"WebDataset(shardshuffle={shardshuffle!r}): give a buffer size >= 0 or False")
+    return int(shardshuffle)
+
+
+class FluidWrapper(DataPipeline, FluidInterface):
+    """A pipeline with the fluid methods, starting from ``initial`` (a source)."""
+
+    def __init__(self, initial: Any) -> None:
+        super().__init__()
+        self.append(initial)
+

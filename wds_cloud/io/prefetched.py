@@ -1,0 +1,136 @@
+"""A stream that serves bytes read ahead of time, then reads on from the stream they came from.
+
+:func:`prefetched_stream` is what :class:`~wds_cloud.io.readahead.ReadAhead` hands the consumer for
+a shard it pre-read. Contract of the returned stream:
+
+- It yields the pre-read chunks, then what the underlying stream (``raw``) reads after them:
+  the same bytes, in the same order, as reading ``raw`` from the start. It is read-only and not
+  seekable; ``tell()`` counts the bytes served.
+- ``error``, an exception met while pre-reading, is raised by ``read`` once the bytes read before
+  it were served; an error of ``raw`` met while some pre-read bytes are being served waits for
+  the next ``read`` in the same way, so a read never loses bytes.
+- ``on_drained`` is called once, when the pre-read bytes are all served or the stream is closed
+  (the caller gives back its memory budget then).
+- Other attributes (``local_path``, ``name``, …) are ``raw``'s; closing the stream closes ``raw``.
+
+This module is layer-neutral: standard library only.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import deque
+from collections.abc import Callable
+from typing import Any, BinaryIO, cast
+
+__all__ = ["PrefetchedStream", "prefetched_stream"]
+
+
+def prefetched_stream(raw: BinaryIO, chunks: deque[bytes], error: Exception | None,
+                      on_drained: Callable[[], None]) -> BinaryIO:
+    """``raw`` itself when there is nothing to serve first (``on_drained`` is called now),
+    else a :class:`PrefetchedStream` over it (see the module doc)."""
+    if not chunks and error is None:
+        on_drained()
+        return raw
+    return cast(BinaryIO, PrefetchedStream(raw, chunks, error, on_drained))
+
+
+class PrefetchedStream(io.RawIOBase):
+    """The pre-read ``chunks`` of a stream, then the rest of ``raw`` (see the module doc).
+
+    ``chunks`` is consumed in place.
+    """
+
+    def __init__(self, raw: BinaryIO, chunks: deque[bytes], error: Exception | None,
+                 on_drained: Callable[[], None]) -> None:
+        super().__init__()
+        self._raw = raw
+        self._chunks = chunks
+        self._offset = 0  # bytes of chunks[0] already served
+        self._error = error
+        self._on_drained: Callable[[], None] | None = on_drained
+        self._pos = 0
+
+    def __getattr__(self, name: str) -> Any:
+        raw = self.__dict__.get("_raw")  # absent while unpickling or before __init__
+        if raw is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(raw, name)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._check_open()
+        parts, want = self._serve(-1 if size is None or size < 0 else size)
+        if not self._chunks:
+            self._drained()
+            if want != 0 and (not parts or self._error is None):
+                try:
+                    parts.append(self._read_raw(want))
+                except Exception as exc:
+                    if not parts:
+                        raise
+                    self._error = exc  # serve what we have; the next read raises it
+        data = b"".join(parts)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._chunks or self._error is not None or not hasattr(self._raw, "readinto"):
+            data = self.read(len(view))
+            view[:len(data)] = data
+            return len(data)
+        self._check_open()
+        n = cast(int, self._raw.readinto(view))
+        self._pos += n or 0
+        return n
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._raw.close()
+        finally:
+            self._chunks.clear()
+            self._drained()
+            super().close()
+
+    def _serve(self, want: int) -> tuple[list[bytes], int]:
+        """Up to ``want`` pre-read bytes (all if negative); returns them and what is still
+        wanted (negative: all the rest)."""
+        parts: list[bytes] = []
+        while self._chunks and want != 0:
+            head = self._chunks[0]
+            left = len(head) - self._offset
+            take = left if want < 0 else min(want, left)
+            parts.append(head if take == len(head) else head[self._offset:self._offset + take])
+            self._offset += take
+            if take == left:
+                self._chunks.popleft()
+                self._offset = 0
+            if want > 0:
+                want -= take
+        return parts, want
+
+    def _read_raw(self, size: int) -> bytes:
+        if self._error is not None:
+            raise self._error
+        return self._raw.read(size)
+
+    def _drained(self) -> None:
+        callback, self._on_drained = self._on_drained, None
+        if callback is not None:
+            callback()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")

@@ -1,0 +1,398 @@
+"""Read-ahead: open the next shards in the background while the current one is consumed.
+
+:class:`ReadAhead` wraps a stream-opening callable (``open_stream(url) -> BinaryIO``) and a
+source of ``{"url": ...}`` items (or URL strings)::
+
+    with ReadAhead(open_stream, depth=2, max_bytes=64 << 20) as ra:
+        for item in ra.sources(src):
+            stream = ra.open(item["url"])   # the stream prepared for this item
+            ...
+
+Contract:
+
+- ``sources(src)`` yields the items of ``src`` unchanged and in order. When it yields item *k*,
+  items *k+1 … k+depth* have been pulled from ``src`` and are being opened by at most ``depth``
+  daemon threads named ``wds-readahead``; item *k+depth+1* is not pulled before the consumer asks
+  for item *k+1*. Items without a URL pass through without being opened.
+- Each prepared shard is opened exactly once with ``open_stream(url)``; then up to
+  ``max_bytes // depth`` of its first bytes are read. The pre-read bytes of all shards not yet
+  consumed never exceed ``max_bytes`` (0: open ahead without pre-reading).
+- ``open(url)`` returns the stream prepared for the item just yielded, waiting for it if it is
+  still being opened; the stream serves the pre-read bytes, then reads on from the underlying
+  stream, and forwards other attributes (``local_path``, ``name``, …) to it
+  (:mod:`wds_cloud.io.prefetched`). If the background open failed, ``open`` raises that very
+  exception; an error met while pre-reading is raised by ``read`` once the bytes read before it
+  were served. Any other URL (or any keyword option, or ``depth=0``) is opened directly.
+- A shard opened ahead and never asked for (the consumer skipped it, stopped, or failed) is
+  closed. ``close()`` (also ``__exit__`` and closing the ``sources`` generator) stops pulling
+  from ``src``, closes every prepared stream (a stream in the middle of a read is closed from
+  another thread, so a stalled read cannot hold ``close`` up), and joins the threads for at most
+  about a second; the threads are daemons, so none can hold up interpreter exit.
+
+This module is layer-neutral: standard library only; its values come as arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, BinaryIO, TypeVar, cast
+
+from ..errors import ConfigError
+from ..urls import redact
+from .prefetched import prefetched_stream
+
+__all__ = ["ReadAhead", "ReadAheadStats"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+THREAD_NAME = "wds-readahead"
+_PIECE = 1 << 20  # pre-read in pieces of this size, checking for cancellation in between
+_JOIN_TIMEOUT = 1.0  # seconds close() waits, in all, for busy threads
+
+# a slot goes _QUEUED -> _OPENING -> _READING -> _READY (an open that failed: straight to
+# _READY), or to _CLOSED from any of these when discarded; the consumer takes a slot out of
+# ``_current`` and nothing looks at it after that
+_QUEUED, _OPENING, _READING, _READY, _CLOSED = range(5)
+
+
+@dataclass(frozen=True)
+class ReadAheadStats:
+    """Counters of one :class:`ReadAhead` (a snapshot).
+
+    ``opened_ahead``: shards opened in the background (``failed``: background opens that
+    raised); ``hits``: shards ready when asked for; ``waits``/``wait_seconds``: shards asked for
+    while still being opened, and the time spent waiting for them; ``direct``: opens done in the
+    caller (not prepared, other URL, read-ahead off); ``discarded``: prepared shards closed
+    unused; ``bytes_prefetched``: bytes pre-read in all; ``peak_bytes``: most pre-read bytes
+    held at once, not yet consumed.
+    """
+
+    opened_ahead: int = 0
+    failed: int = 0
+    hits: int = 0
+    waits: int = 0
+    wait_seconds: float = 0.0
+    direct: int = 0
+    discarded: int = 0
+    bytes_prefetched: int = 0
+    peak_bytes: int = 0
+
+
+class _Slot:
+    """One shard being prepared by a thread; ``state`` changes under the owner's lock."""
+
+    __slots__ = ("chunks", "done", "error", "read_error", "reserved", "state", "stream", "url")
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.state = _QUEUED
+        self.stream: BinaryIO | None = None
+        self.chunks: deque[bytes] = deque()
+        self.reserved = 0  # bytes of the budget held: reserved before, then pre-read
+        self.error: BaseException | None = None  # the open failed
+        self.read_error: Exception | None = None  # the pre-read failed after some bytes
+        self.done = threading.Event()
+
+
+def _url_of(item: Any) -> str | None:
+    if isinstance(item, str):
+        return item
+    url = item.get("url") if isinstance(item, dict) else None
+    return url if isinstance(url, str) else None
+
+
+def _close_quietly(stream: Any) -> None:
+    try:
+        stream.close()
+    except Exception as exc:  # closing a shard nobody reads: nothing to report but a log line
+        log.debug("read-ahead: closing an unused stream failed: %r", exc)
+
+
+class ReadAhead:
+    """Opens the next ``depth`` shards of a source in the background (see the module doc)."""
+
+    def __init__(self, open_stream: Callable[..., BinaryIO], *, depth: int = 2,
+                 max_bytes: int = 64 << 20) -> None:
+        for name, value in (("depth", depth), ("max_bytes", max_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"read-ahead {name} must be an integer >= 0, got {value!r}")
+        self._open_stream = open_stream
+        self.depth = depth
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._queue: deque[_Slot] = deque()  # slots no thread has claimed yet, in order
+        self._pending: deque[tuple[Any, _Slot | None]] = deque()  # pulled, not yet yielded
+        self._current: _Slot | None = None  # the slot of the item just yielded, until taken
+        self._threads: list[threading.Thread] = []
+        self._workers = 0
+        self._in_flight = 0  # budget held: reserved and pre-read bytes not yet consumed
+        self._buffered = 0  # pre-read bytes not yet consumed
+        self._stats = ReadAheadStats()
+        self._closed = False
+        self._started = False
+
+    @property
+    def stats(self) -> ReadAheadStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return self._stats
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ReadAhead(depth={self.depth}, max_bytes={self.max_bytes})"
+
+    # -- the consumer's side -----------------------------------------------------------------
+
+    def sources(self, src: Iterable[T]) -> Generator[T, None, None]:
+        """The items of ``src``, in order, with the next ``depth`` shards opened ahead.
+
+        One call per ReadAhead; closing the generator closes the ReadAhead.
+        """
+        if self._started or self._closed:
+            raise RuntimeError("ReadAhead.sources() may be called once, before close()")
+        self._started = True
+        if self.depth == 0:
+            yield from src
+            return
+        it = iter(src)
+        try:
+            while True:
+                self._discard_current()
+                self._fill(it)
+                with self._lock:
+                    if self._closed or not self._pending:
+                        return
+                    item, self._current = self._pending.popleft()
+                yield item
+        finally:
+            self.close()
+
+    def _fill(self, it: Any) -> None:
+        """Pull from ``it`` until ``depth`` items wait behind the one to yield next."""
+        while len(self._pending) <= self.depth and not self._closed:
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            url = _url_of(item)
+            slot = None if url is None else self._schedule(url)
+            with self._lock:
+                self._pending.append((item, slot))
+
+    def open(self, url: str, **options: Any) -> BinaryIO:
+        """The stream prepared for the item just yielded if it has this URL, else a direct open.
+
+        Raises the background open's exception when that failed.
+        """
+        with self._lock:
+            slot = self._current
+            if slot is not None and slot.url == url and not options:
+                self._current = None
+                if slot.state == _QUEUED:  # no thread got to it yet: open it here
+                    self._queue.remove(slot)
+                    slot = None
+            else:
+                slot = None
+            if slot is None:
+                self._count(direct=1)
+        if slot is not None:
+            return self._take(slot)
+        log.debug("read-ahead: opening %s directly", redact(url))
+        return self._open_stream(url, **options)
+
+    def _take(self, slot: _Slot) -> BinaryIO:
+        """Wait for ``slot`` to be prepared; its stream, or its open's exception raised."""
+        ready, start = slot.done.is_set(), time.monotonic()
+        slot.done.wait()
+        waited = time.monotonic() - start
+        with self._lock:
+            self._count(**{"hits": 1} if ready else {"waits": 1, "wait_seconds": waited})
+        how = "ready" if ready else f"waited {waited:.3f} s"
+        if slot.error is not None:
+            log.debug("read-ahead: %s %s, its open failed", redact(slot.url), how)
+            error, slot.error = slot.error, None
+            raise error
+        log.debug("read-ahead: %s %s, %d bytes pre-read", redact(slot.url), how, slot.reserved)
+        return prefetched_stream(cast(BinaryIO, slot.stream), slot.chunks, slot.read_error,
+                                 partial(self._release, slot.reserved))
+
+    def _count(self, **deltas: float) -> None:
+        """Add to the counters (the caller holds the lock)."""
+        s = self._stats
+        self._stats = replace(s, **{k: getattr(s, k) + v for k, v in deltas.items()})
+
+    def _release(self, nbytes: int) -> None:
+        """Give back ``nbytes`` of pre-read bytes: consumed, or dropped with their stream."""
+        with self._lock:
+            self._in_flight -= nbytes
+            self._buffered -= nbytes
+
+    # -- background threads ------------------------------------------------------------------
+
+    def _schedule(self, url: str) -> _Slot:
+        """Queue ``url``; start a thread for it unless ``depth`` threads are at work."""
+        slot = _Slot(url)
+        with self._lock:
+            self._queue.append(slot)
+            if self._workers >= self.depth:
+                return slot
+            self._workers += 1
+            self._threads = [t for t in self._threads if t.is_alive()]
+        thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
+        try:
+            thread.start()  # outside the lock, so the thread can claim the slot at once
+        except RuntimeError:  # no new threads (interpreter shutdown): open() opens directly
+            with self._lock:
+                self._workers -= 1
+            return slot
+        with self._lock:
+            self._threads.append(thread)
+        return slot
+
+    def _work(self) -> None:
+        """Prepare queued slots one after the other; end when none is left."""
+        while True:
+            with self._lock:
+                if self._closed or not self._queue:
+                    self._workers -= 1
+                    return
+                slot = self._queue.popleft()
+                slot.state = _OPENING
+            try:
+                self._prepare(slot)
+            finally:
+                slot.done.set()
+
+    def _prepare(self, slot: _Slot) -> None:
+        """Open the shard of ``slot`` and pre-read its first bytes, unless it is discarded
+        meanwhile: then close it."""
+        try:
+            stream = slot.stream = self._open_stream(slot.url)
+        except BaseException as exc:  # handed to the consumer, who raises it in open()
+            with self._lock:
+                slot.error, slot.state = exc, _READY
+                self._count(failed=1)
+            return
+        with self._lock:
+            self._count(opened_ahead=1)
+        if self._advance(slot, _READING):
+            self._preread(slot, stream)
+            if self._advance(slot, _READY):
+                return
+        self._drop(slot)
+
+    def _advance(self, slot: _Slot, state: int) -> bool:
+        """Move ``slot`` on to ``state``; False if it was discarded meanwhile."""
+        with self._lock:
+            if slot.state != _CLOSED:
+                slot.state = state
+            return slot.state == state
+
+    def _preread(self, slot: _Slot, stream: BinaryIO) -> None:
+        """Reserve a share of the budget, read up to that many bytes while the slot is not
+        discarded, then give back the unused part of the budget."""
+        with self._lock:
+            slot.reserved = min(self.max_bytes // self.depth, self.max_bytes - self._in_flight)
+            self._in_flight += slot.reserved
+        got = 0
+        try:
+            while got < slot.reserved and slot.state == _READING:
+                data = stream.read(min(_PIECE, slot.reserved - got))
+                if not data:
+                    break
+                data = bytes(data)  # no copy if it is bytes already
+                slot.chunks.append(data)
+                got += len(data)
+                with self._lock:
+                    self._buffered += len(data)
+                    self._count(bytes_prefetched=len(data),
+                                peak_bytes=max(0, self._buffered - self._stats.peak_bytes))
+        except Exception as exc:  # raised by read() once the bytes before it were served
+            slot.read_error = exc
+        with self._lock:
+            self._in_flight -= slot.reserved - got
+            slot.reserved = got
+
+    # -- discarding and closing --------------------------------------------------------------
+
+    def _discard(self, slots: list[_Slot]) -> list[_Slot]:
+        """Mark ``slots`` closed (the caller holds the lock); returns those whose stream the
+        caller must drop now (the others are not opened yet, or their thread drops them)."""
+        ready = []
+        for slot in slots:
+            if slot.state == _QUEUED:
+                self._queue.remove(slot)
+            elif slot.state == _READY and slot.stream is not None:
+                ready.append(slot)
+            slot.state = _CLOSED
+            self._count(discarded=1)
+        return ready
+
+    def _drop(self, slot: _Slot) -> None:
+        """Close the stream of a discarded slot; give back its budget."""
+        log.debug("read-ahead: %s was not asked for; closing it", redact(slot.url))
+        _close_quietly(slot.stream)
+        self._release(slot.reserved)  # its pre-read is over: all of it is in chunks
+        slot.chunks.clear()
+
+    def _discard_current(self) -> None:
+        with self._lock:
+            ready = self._discard([self._current] if self._current else [])
+            self._current = None
+        for slot in ready:
+            self._drop(slot)
+
+    def close(self) -> None:
+        """Stop pulling, close every prepared stream, let the threads end (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            slots = [s for _, s in self._pending if s is not None]
+            if self._current is not None:
+                slots.append(self._current)
+            self._pending.clear()
+            self._current = None
+            busy = [cast(BinaryIO, s.stream) for s in slots if s.state == _READING]
+            ready = self._discard(slots)
+            threads = [t for t in self._threads if t is not threading.current_thread()]
+        for slot in ready:
+            self._drop(slot)
+        if sys.is_finalizing():  # daemon threads are frozen now: joining them would only wait
+            return
+        deadline = time.monotonic() + _JOIN_TIMEOUT
+        if busy:
+            threads += self._close_from_aside(busy)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            log.debug("read-ahead: %d thread(s) still busy after close; they are daemons",
+                      sum(t.is_alive() for t in threads))
+
+    def _close_from_aside(self, streams: list[BinaryIO]) -> list[threading.Thread]:
+        """Close streams that a thread is reading from another thread (closing a buffered
+        stream waits for the read in progress to return)."""
+        def close_all() -> None:
+            for stream in streams:
+                _close_quietly(stream)
+
+        closer = threading.Thread(target=close_all, name=THREAD_NAME + "-close", daemon=True)
+        try:
+            closer.start()
+        except RuntimeError:  # interpreter shutdown: the daemon readers die with it
+            return []
+        return [closer]

@@ -1,0 +1,322 @@
+"""Pipeline stages, with webdataset 1.0's names, arguments and defaults.
+
+Each public stage is curried with :func:`~wds_cloud.pipeline.pipelinefilter`:
+``map(f)`` returns a picklable stage, and ``map(f)(samples)`` the mapped iterator. Options are
+checked when the stage starts (when the pipeline is iterated), before the first sample.
+
+Stages that take ``handler`` call it with any exception a sample raises: the handler re-raises,
+returns ``True`` (skip the sample) or ``False`` (end the stage), see :mod:`wds_cloud.handlers`.
+Randomness is explicit: ``shuffle`` and ``rsample`` take ``rng`` or ``seed`` and otherwise use a
+fresh ``random.Random()`` seeded from the OS; the module-global ``random`` is never used.
+A sample that lacks a key a stage asks for raises
+:class:`~wds_cloud.errors.ShardFormatError` naming the sample, the keys and the shard.
+
+Key-based stages (``to_tuple``, ``rename``, ``rename_keys``, ``extract_keys``, ``xdecode``)
+live in :mod:`wds_cloud.pipeline.keys`, batching stages in
+:mod:`wds_cloud.pipeline.batching`; both are re-exported here, so
+``wds_cloud.pipeline.filters.batched`` works as in webdataset.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from numbers import Integral
+from typing import IO, Any
+
+from ..errors import ConfigError
+from ..handlers import Handler, reraise_exception
+from .batching import batched, combine_values, default_collation_fn, listed, unbatched, unlisted
+from .core import PipelineStage, pipelinefilter
+from .keys import (
+    extract_keys,
+    getfirst,
+    identity,
+    map_tuple,
+    rename,
+    rename_keys,
+    to_tuple,
+    transform_with,
+    xdecode,
+)
+
+__all__ = [
+    "Cached",
+    "associate",
+    "batched",
+    "combine_values",
+    "compose",
+    "decode",
+    "default_collation_fn",
+    "detshuffle",
+    "extract_keys",
+    "getfirst",
+    "identity",
+    "info",
+    "listed",
+    "log_keys",
+    "map",
+    "map_dict",
+    "map_tuple",
+    "pipelinefilter",
+    "rename",
+    "rename_keys",
+    "rsample",
+    "select",
+    "shuffle",
+    "slice",
+    "to_tuple",
+    "transform_with",
+    "unbatched",
+    "unlisted",
+    "xdecode",
+]
+
+_END = object()
+
+
+class _Composed:
+    """Picklable left-to-right composition of functions."""
+
+    def __init__(self, funcs: tuple[Callable[[Any], Any], ...]) -> None:
+        self.funcs = funcs
+
+    def __call__(self, x: Any) -> Any:
+        for f in self.funcs:
+            x = f(x)
+        return x
+
+    def __repr__(self) -> str:
+        return f"compose{self.funcs!r}"
+
+
+def compose(*args: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Compose functions left to right: ``compose(f, g)(x) == g(f(x))``; picklable."""
+    for f in args:
+        if not callable(f):
+            raise ConfigError(f"compose: {f!r} is not callable")
+    return _Composed(args)
+
+
+def _info(
+    data: Iterable[Any], fmt: str | None = None, n: int = 3, every: int = -1, width: int = 50,
+    stream: IO[str] | None = None, name: str = "",
+) -> Iterator[Any]:
+    out = sys.stderr if stream is None else stream
+    for i, sample in enumerate(data):
+        if i < n or (every > 0 and (i + 1) % every == 0):
+            if fmt is not None:
+                out.write(fmt.format(**sample) + "\n")
+            else:
+                lines = [f"--- {name}"]
+                lines += [f"{k} {repr(v)[:width]}" for k, v in sample.items()]
+                out.write("\n".join(lines) + "\n")
+        yield sample
+
+
+def _shuffle(
+    data: Iterable[Any], bufsize: int = 1000, initial: int = 100,
+    rng: random.Random | None = None, seed: int | str | bytes | None = None,
+    handler: Handler | None = None,
+) -> Iterator[Any]:
+    """``handler`` is accepted for webdataset compatibility; a shuffle has nothing to handle."""
+    if seed is not None and rng is not None:
+        raise ConfigError("shuffle: pass either rng or seed, not both")
+    if not isinstance(bufsize, Integral) or bufsize < 1:
+        raise ConfigError(f"shuffle: bufsize must be a positive integer, got {bufsize!r}")
+    bufsize = int(bufsize)
+    return _shuffled(iter(data), bufsize, min(int(initial), bufsize), rng or random.Random(seed))
+
+
+def _shuffled(it: Iterator[Any], bufsize: int, initial: int, rng: random.Random) -> Iterator[Any]:
+    rand = rng.random
+    buf: list[Any] = []
+    for sample in it:
+        if len(buf) < bufsize:
+            # while the buffer grows, take two samples in for each one out
+            buf.append(sample)
+            if len(buf) < bufsize:
+                extra = next(it, _END)
+                if extra is not _END:
+                    buf.append(extra)
+            if len(buf) < initial:
+                continue
+            k = int(rand() * len(buf))
+            buf[k], buf[-1] = buf[-1], buf[k]
+            yield buf.pop()
+        else:
+            k = int(rand() * bufsize)
+            out, buf[k] = buf[k], sample
+            yield out
+    rng.shuffle(buf)
+    yield from buf
+
+
+class detshuffle(PipelineStage):
+    """Shuffle reproducibly: epoch ``e`` uses ``random.Random(seed + e)``.
+
+    The epoch counter starts at ``epoch + 1`` and goes up by one each time the stage runs; it is
+    per process (each DataLoader worker counts its own epochs).
+    """
+
+    def __init__(
+        self, bufsize: int = 1000, initial: int = 100, seed: int = 0, epoch: int = -1
+    ) -> None:
+        self.bufsize = bufsize
+        self.initial = initial
+        self.seed = seed
+        self.epoch = epoch
+
+    def run(self, src: Iterable[Any]) -> Iterator[Any]:
+        """Shuffle ``src`` with this epoch's generator and advance the epoch."""
+        self.epoch += 1
+        return _shuffle(src, self.bufsize, self.initial, random.Random(self.seed + self.epoch))
+
+
+def _select(data: Iterable[Any], predicate: Callable[[Any], Any]) -> Iterator[Any]:
+    return filter(predicate, data)
+
+
+def _log_keys(data: Iterable[Any], logfile: str | None = None) -> Iterator[Any]:
+    if not logfile:
+        yield from data
+        return
+    import fcntl
+
+    with open(logfile, "a") as stream:
+        for i, sample in enumerate(data):
+            line = (
+                f"{i}\t{sample.get('__worker__')}\t{sample.get('__rank__')}\t"
+                f"{sample.get('__key__')}\n"
+            )
+            fcntl.flock(stream.fileno(), fcntl.LOCK_EX)
+            try:
+                stream.write(line)
+                stream.flush()
+            finally:
+                fcntl.flock(stream.fileno(), fcntl.LOCK_UN)
+            yield sample
+
+
+def _apply(data: Iterable[Any], f: Callable[[Any], Any], handler: Handler) -> Iterator[Any]:
+    for sample in data:
+        try:
+            result = f(sample)
+        except Exception as exn:
+            if handler(exn):
+                continue
+            break
+        yield result
+
+
+def _decode(
+    data: Iterable[Any], *args: Any, handler: Handler = reraise_exception, **kw: Any
+) -> Iterator[Any]:
+    from ..codecs.decoder import make_decoder
+
+    return _apply(data, make_decoder(*args, handler=handler, **kw), handler)
+
+
+def _map(
+    data: Iterable[Any], f: Callable[[Any], Any], handler: Handler = reraise_exception
+) -> Iterator[Any]:
+    def keep_key(sample: Any) -> Any:
+        result = f(sample)
+        if isinstance(result, dict) and isinstance(sample, dict):
+            result["__key__"] = sample.get("__key__")
+        return result
+
+    return (result for result in _apply(data, keep_key, handler) if result is not None)
+
+
+def _associate(
+    data: Iterable[Any], associator: Callable[[str], Mapping[str, Any]] | Mapping[str, Any],
+    **kw: Any,
+) -> Iterator[Any]:
+    if kw:
+        raise ConfigError(f"associate: unexpected keyword argument(s) {sorted(kw)}")
+    lookup = associator if callable(associator) else _getter(associator)
+    for sample in data:
+        sample.update(lookup(sample["__key__"]))
+        yield sample
+
+
+def _getter(mapping: Mapping[str, Any]) -> Callable[[str], Any]:
+    def get(key: str) -> Any:
+        return mapping.get(key, {})
+
+    return get
+
+
+def _map_dict(
+    data: Iterable[Any], handler: Handler = reraise_exception, **kw: Callable[[Any], Any]
+) -> Iterator[Any]:
+    if not kw:
+        raise ConfigError("map_dict: give at least one field=function")
+    for key, f in kw.items():
+        if not callable(f):
+            raise ConfigError(f"map_dict: the function for {key!r} is not callable: {f!r}")
+    items = tuple(kw.items())
+    for sample in data:
+        try:
+            for k, f in items:
+                sample[k] = f(sample[k])
+        except Exception as exn:
+            if handler(exn):
+                continue
+            break
+        yield sample
+
+
+def _rsample(
+    data: Iterable[Any], p: float = 0.5, *, rng: random.Random | None = None,
+    seed: int | str | bytes | None = None,
+) -> Iterator[Any]:
+    if not 0.0 <= p <= 1.0:
+        raise ConfigError(f"rsample: p must be a probability in [0, 1], got {p!r}")
+    if seed is not None and rng is not None:
+        raise ConfigError("rsample: pass either rng or seed, not both")
+    rand = (rng or random.Random(seed)).random
+    return (sample for sample in data if rand() < p)
+
+
+class Cached(PipelineStage):
+    """Keep the first complete epoch's samples in memory and replay them afterwards."""
+
+    def __init__(self) -> None:
+        self.cached: list[Any] | None = None
+
+    def run(self, source: Iterable[Any]) -> Iterator[Any]:
+        """Yield ``source`` (recording it) the first time, the recording afterwards."""
+        if self.cached is not None:
+            yield from self.cached
+            return
+        recording: list[Any] = []
+        for sample in source:
+            recording.append(sample)
+            yield sample
+        self.cached = recording
+
+
+info = pipelinefilter(_info)
+"""``info(fmt=None, n=3, every=-1, width=50, stream=sys.stderr, name="")``: describe samples."""
+shuffle = pipelinefilter(_shuffle)
+"""``shuffle(bufsize=1000, initial=100, rng=None, seed=None, handler=None)``: buffer shuffle."""
+select = pipelinefilter(_select)
+"""``select(predicate)``: keep the samples for which ``predicate(sample)`` is true."""
+log_keys = pipelinefilter(_log_keys)
+"""``log_keys(logfile=None)``: append ``index worker rank key`` lines to ``logfile``."""
+decode = pipelinefilter(_decode)
+"""``decode(*handlers, handler=reraise_exception, **kw)``: ``autodecode.make_decoder``'s decoder."""
+map = pipelinefilter(_map)
+"""``map(f, handler=reraise_exception)``: ``f(sample)``; ``None`` results are dropped."""
+associate = pipelinefilter(_associate)
+"""``associate(associator)``: merge ``associator(key)`` (or ``associator.get(key)``) in."""
+map_dict = pipelinefilter(_map_dict)
+"""``map_dict(handler=reraise_exception, **field_fns)``: ``sample[k] = f(sample[k])``."""
+rsample = pipelinefilter(_rsample)
+"""``rsample(p=0.5, *, rng=None, seed=None)``: keep each sample with probability ``p``."""
+slice = pipelinefilter(itertools.islice)
+"""``slice(stop)`` / ``slice(start, stop[, step])``: ``itertools.islice`` of the stream."""

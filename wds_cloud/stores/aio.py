@@ -1,0 +1,141 @@
+"""A response body read on fsspec's event loop, seen from a synchronous reader.
+
+fsspec's async filesystems (s3fs, gcsfs, adlfs, HTTP) run their I/O on one event loop in a
+background thread. :class:`AsyncBody` reads a streaming response there and fills the caller's
+buffer in a single hop to that loop per ``readinto`` (a hop costs tens of microseconds, so it is
+filled completely rather than a network chunk at a time). Failures that a retry can mend
+(dropped connection, short body, timeout: the store's row of
+:data:`~wds_cloud.stores.retry.TRANSIENT_BY_STORE`) come out as
+:class:`~wds_cloud.stores.retry.RetryableError`, for the
+:class:`~wds_cloud.stores.retry.Retrier` of the stream that reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import selectors
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .retry import RetryableError, transient_errors
+
+__all__ = ["AsyncBody", "run"]
+
+log = logging.getLogger(__name__)
+
+ReadChunk = Callable[[int], Awaitable[bytes]]
+
+
+def run(loop: asyncio.AbstractEventLoop, func: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """Run ``func(*args)`` on ``loop`` (fsspec's I/O thread) and return its result."""
+    from fsspec.asyn import sync
+
+    if not _fork_guard:
+        _guard_forks()
+    return sync(loop, func, *args)
+
+
+# -- fork safety ------------------------------------------------------------------------------
+# A forked child (a DataLoader worker) inherits fsspec's event loop object, whose epoll instance
+# it shares with the parent. When the child closes connections it inherited (aiohttp connectors
+# do that when garbage-collected, e.g. after fsspec drops the parent's filesystems in the child),
+# the loop unregisters their sockets from that shared epoll: the parent then never hears from
+# those connections again and its next request on one waits out the whole read timeout. And
+# since the inherited loop still says it is running (its thread did not survive the fork), the
+# filesystems' finalizers schedule their clean-up on the child's new loop, where it fails with
+# "attached to a different loop" errors. So right after the fork, the child detaches the
+# inherited loop from the parent's epoll and marks it as not running; what it reports about the
+# parent's sessions left unclosed in the child (they are the parent's to close) goes to DEBUG.
+_fork_guard = False
+_loop_at_fork: list[Any] = [None]
+
+
+def _guard_forks() -> None:
+    global _fork_guard
+    _fork_guard = True
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_note_loop, after_in_parent=_forget_loop,
+                            after_in_child=_detach_loop)
+
+
+def _note_loop() -> None:
+    from fsspec import asyn
+
+    _loop_at_fork[0] = asyn.loop[0]
+
+
+def _forget_loop() -> None:
+    _loop_at_fork[0] = None
+
+
+def _detach_loop() -> None:
+    loop, _loop_at_fork[0] = _loop_at_fork[0], None
+    shared = getattr(loop, "_selector", None)  # asyncio's selector loops keep it here
+    if shared is None:
+        return
+    loop._selector = selectors.DefaultSelector()  # empty: unregistering is then a no-op
+    shared.close()  # the child's handle on the parent's epoll; the parent keeps its own
+    loop._thread_id = None  # is_running() is now False: finalizers close synchronously
+    loop.set_exception_handler(_inherited_loop_report)
+
+
+def _inherited_loop_report(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    log.debug("in a forked child, about the parent's event loop: %s", context.get("message"))
+
+
+class AsyncBody:
+    """Adapts ``read_chunk(n) -> bytes`` (an aiohttp ``content.read``, an aiobotocore
+    ``StreamingBody.read``) running on ``loop`` to :class:`~wds_cloud.stores.streams.Body`.
+
+    ``on_close(finished)`` runs on the loop when the body is closed: ``finished`` says whether
+    the body was read to its end, so the connection can be reused (or must be dropped).
+    ``errors`` are those of ``read_chunk`` that a resume may get past (by default aiohttp's:
+    ``transient_errors("http")``).
+    """
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, read_chunk: ReadChunk,
+        on_close: Callable[[bool], Any], *, errors: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self._loop = loop
+        self._read_chunk = read_chunk
+        self._on_close = on_close
+        self._errors = errors or transient_errors("http")
+        self._finished = False
+        self._closed = False
+
+    async def _fill(self, view: memoryview) -> int:
+        filled, size = 0, len(view)
+        try:
+            while filled < size:
+                chunk = await self._read_chunk(size - filled)
+                if not chunk:
+                    self._finished = True
+                    break
+                view[filled:filled + len(chunk)] = chunk
+                filled += len(chunk)
+        except self._errors as exc:
+            if filled:  # deliver what arrived; the next call meets the failure again
+                return filled
+            raise RetryableError(f"connection failed while reading: {exc!r}") from exc
+        return filled
+
+    def readinto(self, buffer: memoryview) -> int:
+        if self._finished:
+            return 0
+        return int(run(self._loop, self._fill, buffer))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        async def close() -> None:
+            result = self._on_close(self._finished)
+            if asyncio.iscoroutine(result):
+                await result
+
+        if not self._loop.is_closed():
+            run(self._loop, close)

@@ -1,0 +1,67 @@
+"""L2 tar shards: header parsing, compression, the streaming member reader, grouping members into
+samples, and TarWriter/ShardWriter.
+"""
+
+from __future__ import annotations
+
+from .compress import CHUNK_SIZE, Decompressed, tar_source
+from .header import (
+    BLOCK,
+    checksum_ok,
+    first_bad_header,
+    header_name,
+    padded,
+    parse_number,
+    parse_pax,
+    pax_overrides,
+    unsigned_sum,
+)
+from .reader import DIRECT_MIN, Member, iter_member_batches
+from .samples import (
+    base_plus_ext,
+    group_by_keys,
+    meta_prefix,
+    meta_suffix,
+    open_shards,
+    samples_from_shards,
+    tar_file_expander,
+    tar_file_iterator,
+    valid_sample,
+)
+from .writer import (
+    ShardWriter,
+    TarWriter,
+    numpy_dumps,
+    torch_dumps,
+)
+
+__all__ = [
+    "BLOCK",
+    "CHUNK_SIZE",
+    "DIRECT_MIN",
+    "Decompressed",
+    "Member",
+    "ShardWriter",
+    "TarWriter",
+    "base_plus_ext",
+    "checksum_ok",
+    "first_bad_header",
+    "group_by_keys",
+    "header_name",
+    "iter_member_batches",
+    "meta_prefix",
+    "meta_suffix",
+    "numpy_dumps",
+    "open_shards",
+    "padded",
+    "parse_number",
+    "parse_pax",
+    "pax_overrides",
+    "samples_from_shards",
+    "tar_file_expander",
+    "tar_file_iterator",
+    "tar_source",
+    "torch_dumps",
+    "unsigned_sum",
+    "valid_sample",
+]
