@@ -133,3 +133,13 @@ def test_the_secure_setting_of_the_dataset_reaches_its_decoder(
     monkeypatch.delenv("WDS_SECURE")  # read when the dataset was built, not later
     with pytest.raises(wds.DecodingError, match="secure mode"):
         next(iter(ds))
+
+
+def test_a_shard_writer_reads_the_environment_once(
+    tmp_path: Path, counted_reads: type[_CountedReads],
+) -> None:
+    with wds.ShardWriter(str(tmp_path / "w-%03d.tar"), maxcount=2) as sink:
+        for i in range(10):
+            sink.write({"__key__": f"k{i}", "txt": "x"})
+    assert len(list(tmp_path.glob("w-*.tar"))) == 5
+    assert counted_reads.calls == 1

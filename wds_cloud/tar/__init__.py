@@ -4,13 +4,23 @@ samples, and TarWriter/ShardWriter.
 
 from __future__ import annotations
 
-from .compress import CHUNK_SIZE, Decompressed, tar_source
+from .compress import (
+    CHUNK_SIZE,
+    Decompressed,
+    compression_for,
+    compressor,
+    tar_source,
+)
 from .header import (
     BLOCK,
+    FORMATS,
+    RECORD,
+    HeaderBuilder,
     checksum_ok,
     first_bad_header,
     header_name,
     padded,
+    padding,
     parse_number,
     parse_pax,
     pax_overrides,
@@ -39,12 +49,17 @@ __all__ = [
     "BLOCK",
     "CHUNK_SIZE",
     "DIRECT_MIN",
+    "FORMATS",
+    "RECORD",
     "Decompressed",
+    "HeaderBuilder",
     "Member",
     "ShardWriter",
     "TarWriter",
     "base_plus_ext",
     "checksum_ok",
+    "compression_for",
+    "compressor",
     "first_bad_header",
     "group_by_keys",
     "header_name",
@@ -54,6 +69,7 @@ __all__ = [
     "numpy_dumps",
     "open_shards",
     "padded",
+    "padding",
     "parse_number",
     "parse_pax",
     "pax_overrides",

@@ -1,24 +1,27 @@
-"""Transparent decompression of shards: gzip, bzip2 and xz, detected by their magic bytes.
+"""Compression of shards: gzip, bzip2 and xz. Reading detects it by magic bytes; writing chooses it
+by argument or file name (:func:`compression_for`, :func:`compressor`).
 
-:func:`tar_source` peeks at the start of a stream and returns a ``read(n)`` function over the
-tar bytes, decompressing on the fly (concatenated compressed members are read in turn) without
-ever seeking. Damaged or truncated compressed data raises
+Reading: :func:`tar_source` peeks at the start of a stream and returns a ``read(n)`` function
+over the tar bytes, decompressing on the fly (concatenated compressed members are read in turn)
+without ever seeking. Damaged or truncated compressed data raises
 :class:`~wds_cloud.errors.ShardFormatError` with the offset in the uncompressed stream.
 """
 
 from __future__ import annotations
 
 import bz2
+import gzip
 import lzma
+import os
 import re
 import zlib
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO, cast
 
-from ..errors import ShardFormatError
+from ..errors import ConfigError, ShardFormatError
 from ..urls import redact
 
-__all__ = ["CHUNK_SIZE", "Decompressed", "tar_source"]
+__all__ = ["CHUNK_SIZE", "Decompressed", "compression_for", "compressor", "tar_source"]
 
 CHUNK_SIZE = 1 << 20  # bytes read ahead at a time
 _GZIP_MAGIC = b"\x1f\x8b\x08"
@@ -119,3 +122,35 @@ def tar_source(stream: BinaryIO, url: str) -> tuple[Callable[[int], bytes], byte
     if not kind:
         return read, head
     return Decompressed(read, head, kind, url).read, b""
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+def compression_for(target: Any, compress: bool | str | None) -> str | None:
+    """``gz``, ``bz2``, ``xz`` or ``None`` for TarWriter's ``compress`` (``None``: from the
+    target's file name)."""
+    if compress is False:
+        return None
+    if compress is True or compress == "gz":
+        return "gz"
+    if compress in ("bz2", "xz"):
+        return str(compress)
+    if compress is not None:
+        raise ConfigError(f"compress={compress!r}: use True/'gz', 'bz2', 'xz', False or None")
+    name = os.fspath(target) if isinstance(target, (str, os.PathLike)) else ""
+    for suffix in ("gz", "bz2", "xz"):
+        if isinstance(name, str) and name.endswith(suffix):
+            return suffix
+    return None
+
+
+def compressor(kind: str | None, raw: IO[bytes]) -> IO[bytes]:
+    """A stream that writes ``raw`` compressed as ``kind`` (reproducibly for gzip)."""
+    if kind == "gz":  # no name, mtime 0: reproducible; level 6: zlib's balance of speed/size
+        gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0)
+        return cast(IO[bytes], gz)
+    if kind == "bz2":
+        return bz2.BZ2File(raw, "wb")
+    if kind == "xz":
+        return lzma.LZMAFile(raw, "wb")
+    return raw

@@ -1,22 +1,31 @@
-"""Tar header fields: numbers, checksums, names and pax records (pure functions, no I/O).
+"""Tar header fields, parsed and built: numbers, checksums, names and pax records (no I/O).
 
 :func:`first_bad_header` checks the checksums of all the headers found in a buffer at once
 with numpy, which is what keeps :mod:`wds_cloud.tar.reader` fast on small members.
+:class:`HeaderBuilder` builds the headers :mod:`wds_cloud.tar.writer` writes (POSIX ustar; names
+that do not fit get a pax header, or a GNU long-name record with ``format="gnu"``).
 """
 
 from __future__ import annotations
 
 import re
+import tarfile
 import zlib
 
 import numpy as np
 
+from ..errors import ConfigError
+
 __all__ = [
     "BLOCK",
+    "FORMATS",
+    "RECORD",
+    "HeaderBuilder",
     "checksum_ok",
     "first_bad_header",
     "header_name",
     "padded",
+    "padding",
     "parse_number",
     "parse_pax",
     "pax_overrides",
@@ -24,6 +33,16 @@ __all__ = [
 ]
 
 BLOCK = 512
+RECORD = 20 * BLOCK  # what tar pads the archive to, as GNU tar and tarfile do
+_ZEROS = bytes(RECORD)
+_MAX_OCTAL_SIZE = 8**11 - 1
+#: the ``format`` values TarWriter takes, as webdataset and tarfile name them
+FORMATS = {
+    None: "ustar", "ustar": "ustar", "USTAR_FORMAT": "ustar", tarfile.USTAR_FORMAT: "ustar",
+    "pax": "pax", "PAX_FORMAT": "pax", tarfile.PAX_FORMAT: "pax",
+    "gnu": "gnu", "GNU_FORMAT": "gnu", tarfile.GNU_FORMAT: "gnu",
+}
+
 _NUMPY_MIN = 8  # batches with fewer headers are checked in pure Python
 _PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
 
@@ -135,3 +154,92 @@ def pax_overrides(data: bytes) -> tuple[str | None, int | None]:
     if size is not None and size < 0:
         raise ValueError(f"negative size {size}")
     return records.get("path"), size
+
+
+# -- building ---------------------------------------------------------------------------------
+
+def _octal(value: int, width: int) -> bytes:
+    return b"%0*o\0" % (width - 1, value)
+
+
+def _pax_record(keyword: str, value: bytes) -> bytes:
+    body = b" " + keyword.encode("ascii") + b"=" + value + b"\n"
+    n = len(body) + 1
+    while len(str(n)) + len(body) != n:  # the length counts its own digits
+        n = len(str(n)) + len(body)
+    return str(n).encode("ascii") + body
+
+
+def padding(size: int) -> bytes:
+    return _ZEROS[: -size % BLOCK]
+
+
+class HeaderBuilder:
+    """Builds tar headers whose fixed fields (mode, owner, mtime...) are set once."""
+
+    def __init__(self, *, user: str, group: str, mode: int, mtime: int, fmt: str) -> None:
+        uname, gname = user.encode("utf-8"), group.encode("utf-8")
+        if len(uname) > 32 or len(gname) > 32:
+            raise ConfigError(f"tar user and group names are limited to 32 bytes: {user!r}, "
+                              f"{group!r}")
+        if not 0 <= mode <= 0o7777777 or not 0 <= mtime <= _MAX_OCTAL_SIZE:
+            raise ConfigError(f"tar mode {mode:o} or mtime {mtime} out of range")
+        t = bytearray(BLOCK)
+        t[100:108], t[108:116], t[116:124] = _octal(mode, 8), _octal(0, 8), _octal(0, 8)
+        t[136:148] = _octal(mtime, 12)
+        t[148:156] = b" " * 8  # the checksum is computed with its own field as spaces
+        t[156:157] = b"0"
+        t[257:265] = b"ustar  \0" if fmt == "gnu" else b"ustar\x0000"
+        t[265 : 265 + len(uname)], t[297 : 297 + len(gname)] = uname, gname
+        if fmt != "gnu":
+            t[329:337], t[337:345] = _octal(0, 8), _octal(0, 8)
+        self.template, self.base_sum, self.fmt = bytes(t), sum(t), fmt
+
+    def block(self, name: bytes, size: int, typeflag: bytes = b"0", prefix: bytes = b"") -> bytes:
+        """One header block (name, prefix and size must fit their fields)."""
+        h = bytearray(self.template)
+        h[0 : len(name)] = name
+        if prefix:
+            h[345 : 345 + len(prefix)] = prefix
+        if size <= _MAX_OCTAL_SIZE:
+            field = _octal(size, 12)
+        else:  # GNU base-256 for members of 8 GiB and more
+            field = bytes([0x80]) + size.to_bytes(11, "big")
+        h[124:136] = field
+        h[156:157] = typeflag
+        total = self.base_sum + sum(name) + sum(prefix) + sum(field) + typeflag[0] - ord("0")
+        h[148:156] = b"%06o\0 " % total
+        return bytes(h)
+
+    def member(self, name: bytes, size: int) -> list[bytes]:
+        """The header block(s) for a regular file (extended headers first, if needed)."""
+        extra: list[bytes] = []
+        pax: list[bytes] = []
+        prefix = b""
+        if len(name) > 100 or (self.fmt == "pax" and not name.isascii()):
+            split = _ustar_split(name) if self.fmt == "ustar" else None
+            if split is not None:
+                prefix, name = split
+            elif self.fmt == "gnu":
+                long = name + b"\0"
+                extra += [self.block(b"././@LongLink", len(long), b"L"), long, padding(len(long))]
+                name = name[:100]
+            else:
+                pax.append(_pax_record("path", name))
+                name = name[:100]
+        if size > _MAX_OCTAL_SIZE and self.fmt != "gnu":
+            pax.append(_pax_record("size", b"%d" % size))
+        if pax:
+            records = b"".join(pax)
+            extra += [self.block(b"././@PaxHeader", len(records), b"x"), records,
+                      padding(len(records))]
+        shown_size = size if size <= _MAX_OCTAL_SIZE or self.fmt == "gnu" else 0
+        return [*extra, self.block(name, shown_size, b"0", prefix)]
+
+
+def _ustar_split(name: bytes) -> tuple[bytes, bytes] | None:
+    """Split a long name at a slash into a ustar prefix (<= 155) and name (<= 100)."""
+    cut = name.rfind(b"/", 0, 156)
+    if cut <= 0 or len(name) - cut - 1 > 100 or cut == len(name) - 1:
+        return None
+    return name[:cut], name[cut + 1 :]
