@@ -103,7 +103,12 @@ class OpenError(WdsCloudError, OSError):
         self.resolved_url = resolved_url or url
 
     def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
+        message = str(self.args[0]) if self.args else ""
+        # the router learns the URL as given after the opener raised: name it too
+        if self.url and self.resolved_url and self.url != self.resolved_url \
+                and self.url not in message:
+            message += f" (opening {self.url!r}, resolved to {self.resolved_url!r})"
+        return message
 
 
 class ShardNotFoundError(OpenError, FileNotFoundError):

@@ -174,6 +174,8 @@ def test_not_found_after_rewrite_names_both_urls(tmp_path: Path) -> None:
         gopen("gs://bkt/missing.tar", settings=settings)
     assert info.value.url == "gs://bkt/missing.tar"
     assert info.value.resolved_url == f"{tmp_path}/bkt/missing.tar"
+    message = str(info.value)  # the README promises both in the message, not only attributes
+    assert "gs://bkt/missing.tar" in message and f"{tmp_path}/bkt/missing.tar" in message
 
 
 def test_malformed_rewrite_variable_is_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
