@@ -13,6 +13,9 @@ The archive ends at the first all-zero block, or at a clean end of stream on a m
 number or pax record, or corrupt compressed data raises
 :class:`~wds_cloud.errors.ShardFormatError` naming the URL, member and offset in the
 uncompressed stream, after every whole member before it was yielded; never a partial member.
+Its ``member`` is set only when the damage is in a regular member (one that would have been
+yielded); an extended header or a skipped entry is named in the message instead, so that
+grouping never mistakes it for a member of a sample.
 ``OSError`` from the stream passes through unchanged.
 
 Speed: plain headers are parsed straight out of a large buffer (with numpy when members are
@@ -249,8 +252,12 @@ class _Reader:
         self.buf, self.pos = b"".join(parts), 0
         return have
 
-    def take(self, size: int, member: str, header_at: int) -> bytes:
-        """The next ``size`` bytes (a member's data), consuming their padding to a block."""
+    def take(self, size: int, member: str, header_at: int, *, entry: str | None = None
+             ) -> bytes:
+        """The next ``size`` bytes (a member's data), consuming their padding to a block.
+
+        ``entry`` describes what is read when it is not a regular member (an extended header):
+        errors then name it in their message, with no ``member``."""
         total = padded(size)
         have = len(self.buf) - self.pos
         if have < total and (size < DIRECT_MIN or have >= size):
@@ -260,12 +267,19 @@ class _Reader:
             self.pos = pos + size
             data = self.buf[pos:pos + size]
         else:
-            data = self._read_direct(size, member, header_at)
+            data = self._read_direct(size, member, header_at, entry)
         if total > size:
-            self.skip(total - size, member, header_at)
+            self.skip(total - size, member, header_at, entry=entry)
         return data
 
-    def _read_direct(self, size: int, member: str, header_at: int) -> bytes:
+    def _truncated(self, what: str, member: str, header_at: int, entry: str | None
+                   ) -> ShardFormatError:
+        if entry is None:
+            return self.error(f"truncated member: {what}", member=member, at=header_at)
+        return self.error(f"truncated {entry}: {what}", at=header_at)
+
+    def _read_direct(self, size: int, member: str, header_at: int, entry: str | None
+                     ) -> bytes:
         """A large member's data: what is buffered, then straight from the stream."""
         buf, pos = self.buf, self.pos
         parts = [buf[pos:]] if len(buf) > pos else []
@@ -275,24 +289,24 @@ class _Reader:
         while have < size:
             data = self.read(min(size - have, _READ_PIECE))
             if not data:
-                raise self.error(
-                    f"truncated member: {size} bytes of data expected at offset "
-                    f"{header_at + BLOCK} but the stream ends after {have}", member=member,
-                    at=header_at)
+                raise self._truncated(
+                    f"{size} bytes of data expected at offset {header_at + BLOCK} but the "
+                    f"stream ends after {have}", member, header_at, entry)
             parts.append(data)
             have += len(data)
             self.off += len(data)
         return parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
 
-    def skip(self, count: int, member: str, header_at: int) -> None:
-        """Consume ``count`` bytes (data of skipped members, padding)."""
+    def skip(self, count: int, member: str, header_at: int, *, entry: str | None = None
+             ) -> None:
+        """Consume ``count`` bytes (data of skipped members, padding); ``entry`` as in
+        :meth:`take`."""
         while count:
             have = self.fill(min(count, self.chunk))
             if have == 0:
-                raise self.error(
-                    f"truncated member: the stream ends {count} bytes before the end of its "
-                    f"data (at offset {self.off + self.pos + count})", member=member,
-                    at=header_at)
+                raise self._truncated(
+                    f"the stream ends {count} bytes before the end of its data (at offset "
+                    f"{self.off + self.pos + count})", member, header_at, entry)
             step = min(have, count)
             self.pos += step
             count -= step
@@ -313,14 +327,18 @@ class _Reader:
         self.pos = pos + BLOCK
         return header
 
-    def _size(self, header: bytes, at: int) -> int:
+    def _size(self, header: bytes, at: int, name: str | None) -> int:
         try:
             value = parse_number(header[124:136])
         except ValueError:
             value = -1
         if value < 0:
-            raise self.error(f"invalid size field {header[124:136]!r} in tar header",
-                             member=header_name(header), at=at)
+            name = header_name(header) if name is None else name
+            if header[156] in _REGULAR:
+                raise self.error(f"invalid size field {header[124:136]!r} in tar header",
+                                 member=name, at=at)
+            raise self.error(f"invalid size field {header[124:136]!r} in the tar header of "
+                             f"{name!r} (type {chr(header[156])!r})", at=at)
         return value
 
     def step(self) -> Member | object | None:
@@ -338,7 +356,7 @@ class _Reader:
                                      "header, before the member it describes", at=first)
                 return _END
             kind = header[156]
-            hsize = self._size(header, at)
+            hsize = self._size(header, at, None if kind in _EXTENDED else name)
             if kind in _EXTENDED:
                 name, size = self._extended(header, hsize, at, name, size)
                 continue
@@ -350,7 +368,7 @@ class _Reader:
                 raise self.error("GNU sparse members are not supported: re-create the shard "
                                  "without --sparse", member=name, at=at)
             if kind not in _NO_DATA and kind != 0:
-                self.skip(padded(size), name, at)
+                self.skip(padded(size), name, at, entry=f"entry {name!r} of type {chr(kind)!r}")
             return None
 
     def _extended(self, header: bytes, size: int, at: int, name: str | None,
@@ -358,9 +376,9 @@ class _Reader:
         """Consume a ``L``/``K``/``x``/``X``/``g`` header; the first name/size given wins."""
         label = header_name(header)
         if size > MAX_EXTENDED:
-            raise self.error(f"extended header of {size} bytes is larger than the "
-                             f"{MAX_EXTENDED}-byte limit", member=label, at=at)
-        data = self.take(size, label, at)
+            raise self.error(f"extended header {label!r} of {size} bytes is larger than the "
+                             f"{MAX_EXTENDED}-byte limit", at=at)
+        data = self.take(size, label, at, entry=f"extended header {label!r}")
         kind = header[156]
         if kind == 0x4C and name is None:  # "L": GNU long name
             nul = data.find(b"\0")
@@ -369,7 +387,7 @@ class _Reader:
             try:
                 path, pax_size = pax_overrides(data)
             except ValueError as exc:
-                raise self.error(f"invalid pax header: {exc}", member=label, at=at) from exc
+                raise self.error(f"invalid pax header {label!r}: {exc}", at=at) from exc
             name = path if name is None else name
             size_override = pax_size if size_override is None else size_override
         return name, size_override

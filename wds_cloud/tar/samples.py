@@ -16,8 +16,13 @@ returns True (go on) or False (stop the whole iteration quietly). What "go on" s
 what failed:
 
 - a shard that cannot be opened or read (truncated, corrupt) is skipped from the failure on. Its
-  samples completed before the failure are still yielded; the sample in progress is dropped,
-  since members of it may be lost (webdataset passes it on);
+  samples completed before the failure are still yielded, including the last one when the
+  failure names a member of another sample (a member's data cut short or running past the end
+  of the stream: every member of the last sample had arrived). The sample the failure falls
+  inside is dropped, since members of it may be lost (webdataset passes it on); so is the last
+  one when the failure names no member (a cut header, a bad checksum, a stream error), as its
+  members may not all have arrived. This holds for :func:`samples_from_shards` (what
+  ``tarfile_to_samples`` and ``WebDataset`` use);
 - a ``rename_files``/``select_files`` hook that raises, or a duplicate suffix, drops that one
   member (``rename_files`` returning None drops it quietly).
 
@@ -204,13 +209,15 @@ def _hooks(
 
 class _Outcome:
     """How a shard ended: ``go_on`` is False when the handler said stop; ``damaged`` when a
-    read or format error cut the shard short."""
+    read or format error cut the shard short, and ``broken`` the member it names (None when it
+    names none)."""
 
-    __slots__ = ("damaged", "go_on")
+    __slots__ = ("broken", "damaged", "go_on")
 
     def __init__(self) -> None:
         self.go_on = True
         self.damaged = False
+        self.broken: str | None = None
 
 
 def _batches(stream: BinaryIO, url: str, handler: Handler, outcome: _Outcome
@@ -221,6 +228,8 @@ def _batches(stream: BinaryIO, url: str, handler: Handler, outcome: _Outcome
         yield from iter_member_batches(stream, url=url)
     except Exception as exn:
         outcome.damaged = True
+        member = getattr(exn, "member", None) if isinstance(exn, ShardFormatError) else None
+        outcome.broken = member if isinstance(member, str) else None
         outcome.go_on = bool(handler(_read_error(exn, url)))
 
 
@@ -430,7 +439,26 @@ def _shard_samples(
         if not outcome.go_on:
             break
     # A sample still open when damage cut the shard short may lack members that were lost:
-    # unlike webdataset, it is dropped rather than passed on as if complete.
-    if not outcome.damaged and valid_sample(current):
+    # unlike webdataset, it is dropped rather than passed on as if complete, unless the damage
+    # is in a member of the next sample.
+    if valid_sample(current) and (not outcome.damaged or _ends_before(
+            outcome.broken, key, select_files, rename_files)):
         yield current
     return outcome.go_on
+
+
+def _ends_before(broken: str | None, key: str | None, select_files: Selector | None,
+                 rename_files: Renamer | None) -> bool:
+    """Whether the sample ``key`` was complete when the shard broke in member ``broken``:
+    that member, as grouping would have seen it, starts another sample. False when unknown
+    (no member named, a metadata member, one the hooks drop or fail on)."""
+    if broken is None or key is None or _is_meta(broken, _META):
+        return False
+    try:
+        name = broken if rename_files is None else rename_files(broken)
+        if name is None or (select_files is not None and not select_files(name)):
+            return False
+    except Exception:  # not the error that broke the shard: the handler saw that one
+        return False
+    split = _split_path(name)
+    return split is not None and split[0] != key
