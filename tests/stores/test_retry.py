@@ -76,7 +76,8 @@ def test_the_budget_is_failures_in_a_row() -> None:
     with pytest.raises(TransferError) as info:
         retrier.failed(ConnectionResetError("reset by peer"))
     err = info.value
-    assert "4 failures in a row" in str(err) and "ConnectionResetError: reset by peer" in str(err)
+    assert str(err) == ("cannot read s3://b/k at byte 0: connection reset; gave up after 3 "
+                        "retries (4 attempts in a row failed)")
     assert isinstance(err.__cause__, ConnectionResetError)
     assert io_stats()["retries"] == 33 and io_stats()["failures"] == 1
 
@@ -90,8 +91,9 @@ def test_a_read_gives_up_with_url_offset_and_attempts_without_secrets() -> None:
     with pytest.raises(TransferError) as info:
         retrier.failed(RetryableError("HTTP 503 reading https://h/k?sig=s3cr3t", status=503))
     err = info.value
-    assert str(err).startswith("cannot read https://h/k?sig=*** (http://proxy/k?sig=***) at "
-                               "byte 1234: 1 failures in a row, the last: RetryableError")
+    assert str(err) == ("cannot read https://h/k?sig=*** (http://proxy/k?sig=***) at byte "
+                        "1234: HTTP 503 reading https://h/k?sig=***; gave up after 0 retries "
+                        "(1 attempt in a row failed)")
     assert (err.url, err.resolved_url) == ("https://h/k?sig=***", "http://proxy/k?sig=***")
     assert err.offset == 1234 and err.attempts == 2 and "s3cr3t" not in str(err)
     assert io_stats()["requests"] == 2 and io_stats()["resumes"] == 1
@@ -103,10 +105,11 @@ def test_retries_are_logged_at_info(caplog: pytest.LogCaptureFixture) -> None:
     retrier.failed(RetryableError("HTTP 503"), "part 2")
     retrier.offset = 7
     Retrier(FAST, url="gs://b/k").failed(ConnectionResetError())
-    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert lines[0].startswith("retry 1/3 of part 2 for gs://b/k in ")
-    assert lines[0].endswith(" s after RetryableError: HTTP 503")
+    assert lines[0].endswith(" s after HTTP 503")  # a bare RetryableError's own words
     assert lines[1].startswith("retry 1/3 of gs://b/k at byte 0 in ")
+    assert lines[1].endswith(" s after connection reset")
 
 
 def test_wait_and_wait_async_sleep_the_delay() -> None:
@@ -157,8 +160,8 @@ def test_call_async_gives_up_when_the_budget_is_spent() -> None:
     with pytest.raises(TransferError) as info:
         asyncio.run(retrier.call_async("block 3", request))
     err = info.value
-    assert str(err).startswith("cannot write az://c/k: 4 failures in a row of block 3, the "
-                               "last: RetryableError: HTTP 503")
+    assert str(err) == ("cannot write az://c/k: HTTP 503 on block 3; gave up after 3 retries "
+                        "(4 attempts in a row failed)")
     assert err.attempts == 4 and len(request.calls) == 4
     assert io_stats()["failures"] == 1
 

@@ -11,7 +11,10 @@ Built in: local paths and ``file:``, ``-`` (stdin/stdout) (:mod:`wds_cloud.io.lo
 ``pipe:CMD`` (:mod:`wds_cloud.io.pipes`), ``http``/``https`` (:mod:`wds_cloud.stores.http`),
 ``s3`` (:mod:`wds_cloud.stores.s3`), ``gs``/``gcs`` (:mod:`wds_cloud.stores.gcs`),
 ``az``/``abfs``/``abfss`` (:mod:`wds_cloud.stores.azure`).
-``ais://`` URLs are mapped to AIStore's REST API by the router.
+``ais://`` URLs are mapped to AIStore's REST API by the router (``gopen``, ``WebDataset``) and
+read over ``http``: ``ais`` has no opener of its own, so :func:`registered_schemes` does not
+return it, but an unknown scheme's :class:`UnsupportedSchemeError` names it among the schemes
+that work.
 
 An opener may also have ``glob(pattern, *, storage_options) -> list[str]`` (used to expand shard
 patterns) and ``takes_settings = True`` (the router then passes ``settings=``).
@@ -75,6 +78,9 @@ _INSTALL_HINTS: dict[str, tuple[str, str]] = {
     "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure"),
 }
 
+#: schemes the router maps to another before any opener is asked: named where schemes are listed
+_ROUTED = {"ais": "AIStore's REST API at AIS_ENDPOINT"}
+
 _registry: dict[str, Opener | str] = dict(_BUILTINS)
 _entry_points_loaded = False
 _lock = threading.Lock()
@@ -114,8 +120,13 @@ def get_opener(url: str) -> Opener:
     with _lock:
         _load_entry_points()
         entry = _registry.get(scheme)
+        if entry is None and scheme in _ROUTED:
+            raise ConfigError(f"{scheme}:// URLs such as {url!r} are opened by gopen() and "
+                              f"WebDataset, which map them to {_ROUTED[scheme]}; no opener "
+                              "takes them directly")
         if entry is None:
-            raise UnsupportedSchemeError(url, scheme, [s or "(local path)" for s in _registry])
+            known = {s or "(local path)" for s in _registry} | set(_ROUTED)
+            raise UnsupportedSchemeError(url, scheme, known)
         if isinstance(entry, str):
             entry = _registry[scheme] = _resolve(scheme, entry)
     return entry

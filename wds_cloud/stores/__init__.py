@@ -2,16 +2,18 @@
 
 ``s3.py``, ``gcs.py``, ``azure.py`` and ``http.py`` are the openers (AIStore goes through
 ``http.py``); ``base.py`` is what the fsspec-backed ones share; ``streams.py`` the resumable
-read stream and the atomic upload; ``aio.py`` the bridge to fsspec's event loop. ``retry.py``
-holds every retry decision: the policy, what is transient for each store, the one attempt loop
-that reads, resumes and uploads use, and the :func:`io_stats` counters.
+read stream and the atomic upload; ``aio.py`` the bridge to fsspec's event loop (and the fork
+hooks that keep forked workers off the parent's connections). ``retry.py`` holds every retry
+decision: the policy, what is transient for each store, the one attempt loop that reads, resumes
+and uploads use, and how a failure is put in words (:func:`reason`); ``iostats.py`` the
+per-process :func:`io_stats` counters.
 
 Nothing here imports fsspec or a cloud SDK until a URL of its scheme is opened.
 """
 
 from __future__ import annotations
 
-from .aio import AsyncBody, run
+from .aio import AsyncBody, guard_forks, run
 from .azure import AzureOpener
 from .base import (
     CloudOpener,
@@ -30,6 +32,7 @@ from .base import (
 from .gcs import GcsOpener
 from .http import HttpOpener
 from .retry import (
+    IO_FIELDS,
     TRANSIENT,
     TRANSIENT_BY_STORE,
     IOStats,
@@ -40,6 +43,8 @@ from .retry import (
     describe,
     io_stats,
     is_transient,
+    reason,
+    report_io_to,
     reset_io_stats,
     status_error,
     transient_errors,
@@ -55,6 +60,7 @@ from .streams import (
 )
 
 __all__ = [
+    "IO_FIELDS",
     "TRANSIENT",
     "TRANSIENT_BY_STORE",
     "AsyncBody",
@@ -77,6 +83,7 @@ __all__ = [
     "S3Opener",
     "count_io",
     "describe",
+    "guard_forks",
     "header_meta",
     "io_stats",
     "is_transient",
@@ -85,7 +92,9 @@ __all__ = [
     "opener_options",
     "parameters",
     "range_ignored",
+    "reason",
     "releaser",
+    "report_io_to",
     "reset_io_stats",
     "run",
     "send_parts",

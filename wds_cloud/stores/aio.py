@@ -7,7 +7,9 @@ filled completely rather than a network chunk at a time). Failures that a retry 
 (dropped connection, short body, timeout: the store's row of
 :data:`~wds_cloud.stores.retry.TRANSIENT_BY_STORE`) come out as
 :class:`~wds_cloud.stores.retry.RetryableError`, for the
-:class:`~wds_cloud.stores.retry.Retrier` of the stream that reads it.
+:class:`~wds_cloud.stores.retry.Retrier` of the stream that reads it. Closing a body never waits
+on a loop that can no longer run: a stream left open until the interpreter exits (when fsspec's
+daemon thread is frozen) is dropped, not closed, so it cannot keep the process from ending.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import asyncio
 import logging
 import os
 import selectors
+import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .retry import RetryableError, transient_errors
+from .retry import RetryableError, reason, transient_errors
 
-__all__ = ["AsyncBody", "run"]
+__all__ = ["AsyncBody", "guard_forks", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +33,15 @@ ReadChunk = Callable[[int], Awaitable[bytes]]
 
 
 def run(loop: asyncio.AbstractEventLoop, func: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-    """Run ``func(*args)`` on ``loop`` (fsspec's I/O thread) and return its result."""
+    """Run ``func(*args)`` on ``loop`` (fsspec's I/O thread) and return its result.
+
+    Raises ``RuntimeError`` rather than wait forever when the interpreter is exiting: fsspec's
+    thread is a daemon, frozen by then, and nothing would ever run on its loop."""
     from fsspec.asyn import sync
 
-    if not _fork_guard:
-        _guard_forks()
+    if sys.is_finalizing():
+        raise RuntimeError("fsspec's event loop has stopped: the interpreter is exiting")
+    guard_forks()
     return sync(loop, func, *args)
 
 
@@ -48,16 +56,28 @@ def run(loop: asyncio.AbstractEventLoop, func: Callable[..., Awaitable[Any]], *a
 # "attached to a different loop" errors. So right after the fork, the child detaches the
 # inherited loop from the parent's epoll and marks it as not running; what it reports about the
 # parent's sessions left unclosed in the child (they are the parent's to close) goes to DEBUG.
+# The hooks go in before the first client exists (every filesystem is made by
+# ``guard_forks(); fsspec.filesystem(...)``), whichever request uses it first: a listing through
+# fsspec's own sync wrapper never passes through ``run``.
 _fork_guard = False
+_fork_guard_lock = threading.Lock()
 _loop_at_fork: list[Any] = [None]
 
 
-def _guard_forks() -> None:
+def guard_forks() -> None:
+    """Install, once per process, the fork hooks that keep a forked child's clean-up of the
+    connections it inherited away from the parent's (see above). Call it before making a
+    client on fsspec's loop; it costs nothing after the first call."""
     global _fork_guard
-    _fork_guard = True
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_note_loop, after_in_parent=_forget_loop,
-                            after_in_child=_detach_loop)
+    if _fork_guard:
+        return
+    with _fork_guard_lock:
+        if _fork_guard:
+            return
+        _fork_guard = True
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(before=_note_loop, after_in_parent=_forget_loop,
+                                after_in_child=_detach_loop)
 
 
 def _note_loop() -> None:
@@ -119,7 +139,7 @@ class AsyncBody:
         except self._errors as exc:
             if filled:  # deliver what arrived; the next call meets the failure again
                 return filled
-            raise RetryableError(f"connection failed while reading: {exc!r}") from exc
+            raise RetryableError(f"connection failed while reading: {reason(exc)}") from exc
         return filled
 
     def readinto(self, buffer: memoryview) -> int:
@@ -137,5 +157,15 @@ class AsyncBody:
             if asyncio.iscoroutine(result):
                 await result
 
-        if not self._loop.is_closed():
-            run(self._loop, close)
+        if not _loop_alive(self._loop):
+            # nothing runs there any more (the interpreter is exiting, or this is a forked child
+            # holding its parent's loop): waiting would hang; the OS closes the socket
+            return
+        run(self._loop, close)
+
+
+def _loop_alive(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether work handed to ``loop`` (which was running when a body was read on it) can
+    still run: not closed, still running (see ``_detach_loop``), and not frozen by the
+    interpreter's exit."""
+    return not sys.is_finalizing() and not loop.is_closed() and loop.is_running()

@@ -40,7 +40,7 @@ from typing import Any, BinaryIO, ClassVar, cast
 from ..errors import ConfigError, OpenError
 from ..settings import Settings
 from ..urls import redact, split_scheme
-from .aio import AsyncBody, run
+from .aio import AsyncBody, guard_forks, run
 from .retry import RetryPolicy, status_error
 from .streams import AtomicUpload, ObjectMeta, ResumableStream, opener_options
 
@@ -177,9 +177,12 @@ class CloudOpener:
         return cast(BinaryIO, ResumableStream(self._source(fs, url, policy), url=url,
                                               policy=policy))
 
-    def glob(self, pattern: str, *, storage_options: dict[str, Any] | None = None) -> list[str]:
-        """The URLs of the objects matching ``pattern`` (``*``, ``?``, ``[...]``)."""
-        fs = self.filesystem(pattern, dict(storage_options or {}), timeout=Settings.timeout)
+    def glob(self, pattern: str, *, storage_options: dict[str, Any] | None = None,
+             settings: Settings | None = None) -> list[str]:
+        """The URLs of the objects matching ``pattern`` (``*``, ``?``, ``[...]``), listed
+        with ``settings.timeout`` (``WDS_TIMEOUT``)."""
+        timeout = (settings or Settings()).timeout
+        fs = self.filesystem(pattern, dict(storage_options or {}), timeout=timeout)
         path = fs._strip_protocol(pattern)
         fs.invalidate_cache(_GLOB.split(path, 1)[0].rsplit("/", 1)[0])  # list afresh
         try:
@@ -202,6 +205,7 @@ class CloudOpener:
                     f"{cls.__name__} has no option {name!r}"
                     + (f"; did you mean {close[0]!r}?" if close else ""))
         options = self._defaults({**cls._get_kwargs_from_urls(url), **storage_options}, timeout)
+        guard_forks()  # before any client exists, whatever uses it first (a listing, a read)
         try:
             return fsspec.filesystem(self.protocol, **options)
         except (TypeError, ValueError) as exc:

@@ -34,7 +34,14 @@ from .base import (
     releaser,
     sequential_parts,
 )
-from .retry import Retrier, RetryableError, RetryPolicy, status_error, transient_errors
+from .retry import (
+    Retrier,
+    RetryableError,
+    RetryPolicy,
+    reason,
+    status_error,
+    transient_errors,
+)
 
 __all__ = ["GcsOpener"]
 
@@ -69,7 +76,7 @@ class _GcsSource(LoopSource):
                                                              if offset else {}),
                                      params=fs._get_params({}), timeout=self._timeout)
         except transient_errors("gcs") as exc:
-            raise RetryableError(f"cannot connect for {redact(self._url)}: {exc!r}") from exc
+            raise RetryableError(f"cannot connect for {redact(self._url)}: {reason(exc)}") from exc
         try:
             if resp.status >= 400:  # a pinned generation that is gone: replaced or deleted
                 status = 412 if resp.status == 404 and offset else resp.status

@@ -22,8 +22,15 @@ from typing import Any, BinaryIO, ClassVar, cast
 
 from ..errors import OpenError
 from ..urls import redact
-from .aio import AsyncBody, run
-from .retry import Retrier, RetryableError, RetryPolicy, status_error, transient_errors
+from .aio import AsyncBody, guard_forks, run
+from .retry import (
+    Retrier,
+    RetryableError,
+    RetryPolicy,
+    reason,
+    status_error,
+    transient_errors,
+)
 from .streams import AtomicUpload, ObjectMeta, ResumableStream, opener_options
 
 __all__ = ["HttpOpener"]
@@ -73,7 +80,7 @@ class _HttpSource:
             resp = await session.get(self._fs.encode_url(self._url), headers=headers,
                                      timeout=self._timeout, **kw)
         except transient_errors("http") as exc:
-            raise RetryableError(f"cannot connect for {redact(self._url)}: {exc!r}") from exc
+            raise RetryableError(f"cannot connect for {redact(self._url)}: {reason(exc)}") from exc
         try:
             if resp.status >= 400:
                 raise status_error(resp.status, self._url, "reading", offset=offset)
@@ -110,6 +117,7 @@ def _filesystem(storage_options: dict[str, Any]) -> Any:
 
     client_kwargs = dict(storage_options.pop("client_kwargs", None) or {})
     client_kwargs.setdefault("read_bufsize", _READ_BUFSIZE)
+    guard_forks()
     return fsspec.filesystem("http", client_kwargs=client_kwargs, **storage_options)
 
 
@@ -141,7 +149,7 @@ async def _put_once(fs: Any, url: str, fileobj: BinaryIO, policy: RetryPolicy) -
                     raise status_error(resp.status, url, "writing")
                 return
         except transient_errors("http") as exc:
-            raise RetryableError(f"connection failed writing {redact(url)}: {exc!r}") from exc
+            raise RetryableError(f"connection failed writing {redact(url)}: {reason(exc)}") from exc
     raise OpenError(f"too many redirects writing {redact(url)}", url=url)
 
 

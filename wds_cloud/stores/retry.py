@@ -4,7 +4,8 @@
 library raised with :func:`status_error` and :func:`is_transient`, and hand every request to a
 :class:`Retrier`.
 
-- :class:`RetryPolicy` — how hard to try: ``retries`` failures in a row (``WDS_RETRIES``),
+- :class:`RetryPolicy` — how hard to try: ``retries`` retries after a failure before giving
+  up (``WDS_RETRIES``): a transfer ends after ``retries + 1`` attempts in a row that failed,
   backoff from ``backoff`` doubling up to ``backoff_max`` seconds with full jitter
   (``WDS_RETRY_BACKOFF``, ``WDS_RETRY_BACKOFF_MAX``), ``timeout`` seconds for a connection or
   the next bytes (``WDS_TIMEOUT``).
@@ -16,12 +17,17 @@ library raised with :func:`status_error` and :func:`is_transient`, and hand ever
   request may get past (a dropped connection, a timeout), with the exceptions to it;
   :func:`transient_errors` and :func:`is_transient` read it, importing the library only then.
 - :class:`Retrier` — the one attempt loop. It counts one transfer's failures in a row against
-  the policy (any progress resets them), logs each retry at INFO, waits the backoff (``wait``,
-  ``wait_async``) and raises :class:`~wds_cloud.errors.TransferError` when the budget is spent.
+  the policy (any progress resets them), logs its first retry at WARNING and the others at
+  INFO, waits the backoff (``wait``, ``wait_async``) and raises
+  :class:`~wds_cloud.errors.TransferError` when the budget is spent, in one line: the URL, what
+  failed in a few words (:func:`reason`: "connection refused (host:port)", "timed out",
+  "HTTP 503") and the attempts; the library's exception stays its ``__cause__``.
   :class:`~wds_cloud.stores.streams.ResumableStream` reads and resumes with it;
   :meth:`Retrier.call_async` runs every upload request of every store.
 - :func:`io_stats` — the counters of this process's transfers (requests, retries, resumes,
-  bytes read, failures, uploads), kept here because the loop is what counts most of them.
+  bytes read, failures, uploads), counted mostly by the loop; they live in
+  :mod:`wds_cloud.stores.iostats` (per process, and how a DataLoader worker reports its own)
+  and are re-exported here.
 """
 
 from __future__ import annotations
@@ -32,17 +38,20 @@ import importlib
 import logging
 import random
 import re
-import threading
+import socket
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from ..errors import AccessDeniedError, OpenError, ShardNotFoundError, TransferError
 from ..settings import Settings
 from ..urls import redact
+from .iostats import IO_FIELDS, IOStats, count_io, io_stats, report_io_to, reset_io_stats
 
 __all__ = [
+    "IO_FIELDS",
     "TRANSIENT",
     "TRANSIENT_BY_STORE",
     "IOStats",
@@ -53,6 +62,8 @@ __all__ = [
     "describe",
     "io_stats",
     "is_transient",
+    "reason",
+    "report_io_to",
     "reset_io_stats",
     "status_error",
     "transient_errors",
@@ -69,7 +80,8 @@ _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"()<>]+")
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How hard to try: ``retries`` failures in a row, backoff from ``backoff`` doubling up to
+    """How hard to try: ``retries`` retries after a failure (so ``retries + 1`` attempts in a
+    row may fail before the transfer gives up), backoff from ``backoff`` doubling up to
     ``backoff_max`` seconds (full jitter), ``timeout`` seconds for a connection or next bytes."""
 
     retries: int = Settings.retries
@@ -91,11 +103,13 @@ class RetryPolicy:
 
 class RetryableError(OSError):
     """Raised by a backend for a failure worth retrying: a 429 or 5xx answer, a dropped or
-    refused connection, a timeout. ``status`` is the HTTP status when there was one."""
+    refused connection, a timeout. ``status`` is the HTTP status when there was one, ``reason``
+    what failed in a few words when the backend knows better than :func:`reason`."""
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason
 
 
 #: what any request may raise that a new one may get past, whatever the store
@@ -170,7 +184,7 @@ def status_error(status: int, url: str, doing: str, *, detail: str = "",
         return AccessDeniedError(f"access denied {doing} {shown} ({said}); check the "
                                  "credentials in storage_options", url=shown)
     if status in (408, 429) or status >= 500:
-        return RetryableError(f"{said} {doing} {shown}", status=status)
+        return RetryableError(f"{said} {doing} {shown}", status=status, reason=said)
     return OpenError(f"{said} {doing} {shown}", url=shown)
 
 
@@ -182,6 +196,82 @@ def describe(exc: BaseException) -> str:
     if exc.__cause__ is not None:
         said += f" (from {describe(exc.__cause__)})"
     return said
+
+
+#: what failed, in a few words, for the builtin errors at the root of a failed request
+_OS_REASONS: tuple[tuple[type[BaseException], str], ...] = (
+    (ConnectionRefusedError, "connection refused"),
+    (ConnectionResetError, "connection reset"),
+    (ConnectionAbortedError, "connection aborted"),
+    (BrokenPipeError, "connection broken"),
+    (socket.gaierror, "host name not found"),
+    (TimeoutError, "timed out"),
+    (asyncio.TimeoutError, "timed out"),  # not yet the builtin on Python 3.10
+)
+#: the same for the libraries' errors, by a word of their class name (nothing is imported)
+_NAMED_REASONS = (("Timeout", "timed out"), ("Disconnected", "server disconnected"),
+                  ("Payload", "response cut short"), ("IncompleteRead", "response cut short"),
+                  ("Connect", "cannot connect"))
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from (or during), outermost first."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 16:
+        seen.add(id(current))
+        yield current
+        inner = current.__cause__ or (None if current.__suppress_context__
+                                      else current.__context__)
+        current = inner or getattr(current, "os_error", None)  # aiohttp's connector errors
+
+
+def _address(exc: BaseException) -> str:
+    """The host:port or endpoint a library's connection error names, or ``""``."""
+    host, port = getattr(exc, "host", None), getattr(exc, "port", None)
+    if isinstance(host, str) and isinstance(port, int):
+        return f"{host}:{port}"
+    kwargs = getattr(exc, "kwargs", None)  # botocore's EndpointConnectionError: the request's URL
+    endpoint = kwargs.get("endpoint_url") if isinstance(kwargs, dict) else None
+    return urlsplit(endpoint).netloc.rpartition("@")[2] if isinstance(endpoint, str) else ""
+
+
+def _said(exc: BaseException) -> str:
+    for cls, said in _OS_REASONS:
+        if isinstance(exc, cls):
+            return said
+    if (type(exc) in (ConnectionError, OSError) or isinstance(exc, RetryableError)) and str(exc):
+        # our own words: a body ended short, an answer a store judged (URLs redacted)
+        return _URL.sub(lambda m: redact(m.group(0)), str(exc))
+    name = type(exc).__name__
+    return next((said for word, said in _NAMED_REASONS if word in name), "")
+
+
+def reason(exc: BaseException) -> str:
+    """What failed, in a few words and without the libraries' reprs: ``"HTTP 503 SlowDown"``,
+    ``"connection refused (127.0.0.1:9)"``, ``"timed out"``, ``"response cut short"``...
+
+    Looks through ``exc`` and what it was raised from: a :class:`RetryableError`'s own
+    ``reason`` first, else the innermost error it knows, with the address a connection error
+    names; else ``Type: message`` of ``exc`` (URLs redacted)."""
+    chain = list(_chain(exc))
+    for error in chain:
+        if isinstance(error, RetryableError) and error.reason:
+            return error.reason
+    address = next((a for a in map(_address, chain) if a), "")
+    for error in reversed(chain):
+        said = _said(error)
+        if said:
+            return f"{said} ({address})" if address and address not in said else said
+    text = _URL.sub(lambda m: redact(m.group(0)), str(exc))
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _count(n: int, word: str) -> str:
+    """``1 retry``, ``2 retries``, ``9 attempts``."""
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word[:-1]}ies" if word.endswith("y") else f"{n} {word}s"
 
 
 # -- the attempt loop -------------------------------------------------------------------------
@@ -208,6 +298,7 @@ class Retrier:
         self.failures = 0  # in a row
         self.attempts = 0  # requests made
         self._rng = rng or random.Random()
+        self._warned = False
 
     def attempt(self, *, resume: bool = False) -> None:
         """Count a request about to be made (``resume``: one that continues a transfer)."""
@@ -221,18 +312,27 @@ class Retrier:
     def failed(self, exc: BaseException, what: str = "") -> float:
         """Count the failure ``exc`` (of ``what``, a part of the transfer, when given): the
         seconds to wait before the next attempt, or :class:`~wds_cloud.errors.TransferError`
-        raised from ``exc`` when the budget is spent."""
+        raised from ``exc`` when the budget is spent (``policy.retries`` retries were made and
+        the attempt after the last failed too).
+
+        The first retry of a transfer is logged at WARNING (a failing store is not silent for
+        the backoff's tens of seconds), the others at INFO, the library's error at DEBUG."""
         self.failures += 1
+        said = reason(exc)
+        log.debug("%s of %s failed: %s", what or "a request", self.resolved_url, describe(exc))
         if self.failures > self.policy.retries:
-            of = f" of {what}" if what else ""
-            raise self.give_up(f"{self.failures} failures in a row{of}, the last: "
-                               f"{describe(exc)}") from exc
+            on = f" on {what}" if what else ""
+            raise self.give_up(
+                f"{said}{on}; gave up after {_count(self.policy.retries, 'retry')} "
+                f"({_count(self.failures, 'attempt')} in a row failed)") from exc
         delay = self.policy.delay(self.failures, self._rng)
         count_io(retries=1)
         where = f"{what} for {self.resolved_url}" if what else \
             f"{self.resolved_url} at byte {self.offset}"
-        log.info("retry %d/%d of %s in %.2f s after %s", self.failures, self.policy.retries,
-                 where, delay, describe(exc))
+        level = logging.INFO if self._warned else logging.WARNING
+        self._warned = True
+        log.log(level, "retry %d/%d of %s in %.2f s after %s", self.failures,
+                self.policy.retries, where, delay, said)
         return delay
 
     def wait(self, exc: BaseException, what: str = "") -> None:
@@ -266,44 +366,3 @@ class Retrier:
                 continue
             self.succeeded()
             return result
-
-
-# -- counters ---------------------------------------------------------------------------------
-
-@dataclass
-class IOStats:
-    """Counters of this process's remote transfers (a snapshot from :func:`io_stats`):
-    ``requests`` made (reads and uploads), ``retries`` after a transient failure, ``resumes``
-    of a read where it stopped, ``bytes_read``, ``failures`` (transfers given up) and
-    ``uploads`` committed."""
-
-    requests: int = 0
-    retries: int = 0
-    resumes: int = 0
-    bytes_read: int = 0
-    failures: int = 0
-    uploads: int = 0
-
-
-_stats = IOStats()
-_stats_lock = threading.Lock()
-
-
-def count_io(**increments: int) -> None:
-    """Add ``increments`` to the counters of :func:`io_stats` (``bytes_read=n``, ...)."""
-    with _stats_lock:
-        for name, n in increments.items():
-            setattr(_stats, name, getattr(_stats, name) + n)
-
-
-def io_stats() -> dict[str, int]:
-    """Requests, retries, resumes, bytes read, failures and uploads of this process so far."""
-    with _stats_lock:
-        return asdict(_stats)
-
-
-def reset_io_stats() -> None:
-    """Zero the counters of :func:`io_stats`."""
-    global _stats
-    with _stats_lock:
-        _stats = IOStats()
