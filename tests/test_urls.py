@@ -5,10 +5,10 @@ import pytest
 from wds_cloud.errors import ConfigError
 from wds_cloud.urls import (
     ais_url,
+    apply_rewrite_rules,
     expand_urls,
     parse_rewrite_rules,
     redact,
-    rewrite_url,
     split_scheme,
 )
 
@@ -38,11 +38,11 @@ def test_expand_vars() -> None:
 
 def test_rewrite_rules_first_match_anchored_groups() -> None:
     rules = parse_rewrite_rules(r"gs://=/shared/data/;s3://(\w+)/=http://\1.local/;b=c")
-    assert rewrite_url("gs://bkt/a.tar", rules) == "/shared/data/bkt/a.tar"
-    assert rewrite_url("s3://bkt/a.tar", rules) == "http://bkt.local/a.tar"
+    assert apply_rewrite_rules("gs://bkt/a.tar", rules) == "/shared/data/bkt/a.tar"
+    assert apply_rewrite_rules("s3://bkt/a.tar", rules) == "http://bkt.local/a.tar"
     # anchored: "b" does not match in the middle
-    assert rewrite_url("/x/b.tar", rules) == "/x/b.tar"
-    assert rewrite_url("bx", rules) == "cx"
+    assert apply_rewrite_rules("/x/b.tar", rules) == "/x/b.tar"
+    assert apply_rewrite_rules("bx", rules) == "cx"
 
 
 def test_rewrite_rules_malformed_name_the_variable() -> None:

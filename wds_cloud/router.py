@@ -19,20 +19,30 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from .errors import ConfigError, OpenError, ShardNotFoundError
+from . import utils
+from .errors import ConfigError, OpenError, ShardNotFoundError, UnsafeURLError
 from .io import registry as openers
 from .settings import Settings, expand_path, parse_size
-from .urls import RewriteRule, ais_url, parse_rewrite_rules, redact, rewrite_url, split_scheme
+from .urls import (
+    AIS_PROVIDERS,
+    RewriteRule,
+    ais_url,
+    apply_rewrite_rules,
+    parse_rewrite_rules,
+    redact,
+    split_scheme,
+)
 
 if TYPE_CHECKING:
     from .cache import ShardCache
 
 __all__ = ["Router", "expand_glob", "gopen", "gopen_schemes", "reader", "resolve_url",
-           "scheme_options", "with_cache"]
+           "rewrite_url", "scheme_options", "with_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +101,11 @@ class Router:
         return ShardCache.from_settings(self.settings, url_to_name=self.url_to_name)
 
     def resolve(self, url: str) -> str:
-        """The URL actually opened for ``url``: after rewriting and AIStore proxying."""
-        resolved = rewrite_url(url, self.rules)
+        """The URL actually opened for ``url``: after rewriting and AIStore proxying.
+
+        Rewriting is refused (:class:`UnsafeURLError`, a ``ValueError``) when
+        ``wds_cloud.utils.enforce_security`` is True and a rule would rewrite ``url``."""
+        resolved = _rewrite(url, self.rules, self.settings.rewrite_var)
         if resolved != url:
             log.debug("rewrite %s -> %s", redact(url), redact(resolved))
         scheme = split_scheme(resolved)[0]
@@ -110,10 +123,16 @@ class Router:
         return resolved
 
     def open(self, url: str, mode: str = "rb", **options: Any) -> BinaryIO:
-        """Open ``url`` for reading (``rb``, through the cache if there is one) or writing."""
+        """Open ``url`` for reading (``rb``, through the cache if there is one) or writing.
+
+        Secure mode (see :mod:`wds_cloud.utils`) refuses, with :class:`UnsafeURLError` (a
+        ``ValueError``): ``pipe:`` URLs when ``WDS_SECURE`` (``settings.secure``) or the module
+        flag ``enforce_security`` says so; local paths and ``file:`` URLs only when the flag
+        is True. The URL checked is the one opened, after rewriting."""
         if mode not in ("rb", "wb"):
             raise ConfigError(f"gopen mode must be 'rb' or 'wb', got {mode!r} for {redact(url)!r}")
         resolved = url if url == "-" else self.resolve(url)
+        _refuse_unsafe(url, resolved, self.settings.secure)
         cache = None if mode != "rb" else self.cache()
         if cache is not None and cache.wants(resolved):
             log.debug("cache %s in %s", redact(resolved), cache.root)
@@ -142,20 +161,104 @@ class Router:
             raise
 
     def glob(self, pattern: str) -> list[str]:
-        """The URLs matching ``pattern`` (``*``, ``?``, ``[...]``), sorted, listed once through
-        the opener of its scheme (as given: listing happens before rewriting)."""
-        opener = openers.get_opener(pattern)
+        """The URLs matching ``pattern`` (``*``, ``?``, ``[...]``), sorted, as the user wrote
+        them (so each then takes the route any URL takes: rewrite, AIStore, cache, opener).
+
+        They are listed once, where the shards will be read from: after the rewrite rules, and
+        through AIStore's bucket listing when the URL is proxied (``ais://``, ``USE_AIS_FOR``).
+        A rewritten pattern is mapped back by putting the original prefix in place of the
+        rewritten one, so the rule must substitute a prefix free of wildcards (a
+        :class:`ConfigError` says so otherwise). No match is a :class:`ShardNotFoundError`.
+        """
+        target, original = self._rewritten_pattern(pattern)
+        try:
+            listed = self._list(target)
+        except OpenError as exc:
+            if target != pattern and exc.url == redact(target):  # resolved_url is kept
+                exc.url = redact(pattern)
+            raise
+        found = sorted(original(url) for url in listed)
+        where = "" if target == pattern else f" (listed as {redact(target)!r})"
+        log.debug("glob %s%s: %d matches", redact(pattern), where, len(found))
+        if not found:
+            raise ShardNotFoundError(f"no shard matches {redact(pattern)!r}{where}",
+                                     url=redact(pattern), resolved_url=redact(target))
+        return found
+
+    def _list(self, target: str) -> list[str]:
+        """The URLs matching ``target`` (a pattern after rewriting), in its own form."""
+        endpoint = self._ais_lister(target)
+        if endpoint is not None:
+            from .stores.ais import glob as ais_glob
+
+            return ais_glob(target, endpoint=endpoint, settings=self.settings,
+                            storage_options=scheme_options(self.storage_options,
+                                                           split_scheme(endpoint)[0]))
+        opener = openers.get_opener(target)
         lister = getattr(opener, "glob", None)
         if lister is None:
-            raise ConfigError(f"cannot list {redact(pattern)!r}: the opener of its scheme "
+            raise ConfigError(f"cannot list {redact(target)!r}: the opener of its scheme "
                               f"({opener!r}) has no glob(); list the shards explicitly")
-        scheme = split_scheme(pattern)[0]
-        found = sorted(lister(pattern, storage_options=scheme_options(self.storage_options,
-                                                                      scheme)))
-        log.debug("glob %s: %d matches", redact(pattern), len(found))
-        if not found:
-            raise ShardNotFoundError(f"no shard matches {redact(pattern)!r}", url=redact(pattern))
-        return found
+        listing: dict[str, Any] = {
+            "storage_options": scheme_options(self.storage_options, split_scheme(target)[0])}
+        if getattr(opener, "takes_settings", False):
+            listing["settings"] = self.settings  # WDS_TIMEOUT and retries for the listing
+        return list(lister(target, **listing))
+
+    def _ais_lister(self, target: str) -> str | None:
+        """The AIStore endpoint that lists ``target`` (a pattern after rewriting), or None
+        when it is not read through AIStore."""
+        scheme = split_scheme(target)[0]
+        if scheme != "ais" and (scheme not in self.settings.use_ais_for
+                                or scheme not in AIS_PROVIDERS):
+            return None
+        if not self.settings.ais_endpoint:
+            why = ("ais:// URLs need" if scheme == "ais"
+                   else f"USE_AIS_FOR includes {scheme!r}: it needs")
+            raise ConfigError(f"{why} AIS_ENDPOINT, which is not set; set it to the AIStore "
+                              f"gateway, e.g. AIS_ENDPOINT=http://aistore:51080 (listing "
+                              f"{redact(target)!r})")
+        return self.settings.ais_endpoint
+
+    def _rewritten_pattern(self, pattern: str) -> tuple[str, Callable[[str], str]]:
+        """``pattern`` rewritten by the rules (refused as :meth:`resolve` refuses), and the
+        function that maps a URL listed there back to the form the user wrote (raising
+        :class:`ConfigError` when the rule is not a prefix substitution)."""
+        target = _rewrite(pattern, self.rules, self.settings.rewrite_var)
+        rule, match = _first_match(self.rules, pattern)
+        if target == pattern or rule is None or match is None:
+            return pattern, str
+        head, new_head = pattern[:match.end()], match.expand(rule.replacement)
+        if _GLOB_CHARS & set(head):
+            raise self._not_a_prefix(pattern, target, rule)
+
+        def original(url: str) -> str:
+            back = head + url[len(new_head):]
+            if not url.startswith(new_head) or apply_rewrite_rules(back, self.rules) != url:
+                raise self._not_a_prefix(pattern, target, rule, listed=url)
+            return back
+
+        return target, original
+
+    def _not_a_prefix(self, pattern: str, target: str, rule: RewriteRule,
+                      listed: str | None = None) -> ConfigError:
+        seen = f"; {redact(listed)!r} was listed there" if listed is not None else ""
+        return ConfigError(
+            f"cannot list {redact(pattern)!r}: the {self.settings.rewrite_var} rule "
+            f"{rule.pattern.pattern!r} rewrites it to {redact(target)!r}{seen}, and the "
+            f"matches cannot be mapped back to URLs as written, since the rule does not "
+            f"substitute a prefix free of wildcards; write it as a prefix substitution "
+            f"(e.g. 'gs://bucket/=/data/bucket/') or list the shards explicitly")
+
+
+def _first_match(rules: tuple[RewriteRule, ...], url: str
+                 ) -> tuple[RewriteRule | None, re.Match[str] | None]:
+    """The first rewrite rule matching ``url`` and its match (the one the router applies)."""
+    for rule in rules:
+        match = rule.pattern.match(url)
+        if match is not None:
+            return rule, match
+    return None, None
 
 
 def expand_glob(
@@ -172,20 +275,70 @@ def expand_glob(
     if router is None:
         router = Router(settings or Settings.from_env(), storage_options or {})
     return [found for url in urls
-            for found in (router.glob(url) if _is_pattern(url) else [url])]
+            for found in (router.glob(url) if _is_pattern(url, router) else [url])]
 
 
-def _is_pattern(url: str) -> bool:
+def _is_pattern(url: str, router: Router) -> bool:
+    """Whether ``url`` is a pattern to list: it has wildcards, and where it is read from (after
+    rewriting) can be listed and is not an existing local file."""
     if not _GLOB_CHARS & set(url) or url == "-":
         return False
-    if not split_scheme(url)[0] and os.path.exists(url):
+    target = apply_rewrite_rules(url, router.rules)
+    if not split_scheme(target)[0] and os.path.exists(target):
         return False
-    return callable(getattr(openers.get_opener(url), "glob", None))
+    if router._ais_lister(target) is not None:
+        return True
+    return callable(getattr(openers.get_opener(target), "glob", None))
 
 
 def resolve_url(url: str, *, settings: Settings | None = None) -> str:
-    """What ``gopen(url)`` would open, after rewriting and proxying."""
+    """What ``gopen(url)`` would open, after rewriting and proxying (refused as
+    :meth:`Router.resolve` refuses)."""
     return Router(settings or Settings.from_env()).resolve(url)
+
+
+def rewrite_url(url: str, rules: Iterable[RewriteRule] | None = None, *,
+                settings: Settings | None = None) -> str:
+    """``url`` after the first matching rewrite rule: webdataset's ``gopen.rewrite_url(url)``.
+
+    With one argument the rules are the environment's (``WDS_REWRITE``, or webdataset's
+    ``GOPEN_REWRITE``), read now; ``settings=`` gives them instead, and ``rules`` (parsed by
+    :func:`~wds_cloud.urls.parse_rewrite_rules`) explicitly. No AIStore proxying: see
+    :func:`resolve_url` for the URL ``gopen`` opens. When ``wds_cloud.utils.enforce_security``
+    is True, a rule that would rewrite ``url`` raises :class:`UnsafeURLError` (a
+    ``ValueError``), as webdataset refuses rewriting then.
+    """
+    if rules is not None:
+        return _rewrite(url, tuple(rules), "rewrite_url(rules=...)")
+    router = Router(settings or Settings.from_env())
+    return _rewrite(url, router.rules, router.settings.rewrite_var)
+
+
+def _rewrite(url: str, rules: tuple[RewriteRule, ...], source: str) -> str:
+    resolved = apply_rewrite_rules(url, rules)
+    if resolved != url and utils.refuses_sources():
+        raise UnsafeURLError(
+            f"refusing to rewrite {redact(url)!r} to {redact(resolved)!r} with the {source} "
+            f"rules: {utils.why_refused()}")
+    return resolved
+
+
+def _refuse_unsafe(url: str, resolved: str, secure: bool) -> None:
+    """Raise :class:`UnsafeURLError` if secure mode refuses to open ``resolved``."""
+    if resolved == "-":
+        return
+    scheme = split_scheme(resolved)[0]
+    if scheme == "pipe" and utils.refuses_code(secure):
+        what = "a pipe: URL, which runs a shell command"
+    elif scheme in ("", "file") and utils.refuses_sources():
+        what = "a local path" if not scheme else "a file: URL"
+    else:
+        return
+    shown = repr(redact(resolved))
+    if resolved != url:
+        shown += f" (rewritten from {redact(url)!r})"
+    raise UnsafeURLError(f"refusing to open {shown}, {what}: "
+                         f"{utils.why_refused(source='WDS_SECURE=1', undo='unset WDS_SECURE')}")
 
 
 def gopen(

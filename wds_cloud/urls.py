@@ -19,10 +19,10 @@ __all__ = [
     "AIS_PROVIDERS",
     "RewriteRule",
     "ais_url",
+    "apply_rewrite_rules",
     "expand_urls",
     "parse_rewrite_rules",
     "redact",
-    "rewrite_url",
     "split_scheme",
     "substitute_vars",
 ]
@@ -129,8 +129,12 @@ def parse_rewrite_rules(
     return tuple(rules)
 
 
-def rewrite_url(url: str, rules: Iterable[RewriteRule]) -> str:
-    """Apply the first matching rule to ``url``; unchanged if none matches."""
+def apply_rewrite_rules(url: str, rules: Iterable[RewriteRule]) -> str:
+    """Apply the first matching rule to ``url``; unchanged if none matches.
+
+    The pure step; webdataset's one-argument ``rewrite_url(url)``, which takes the rules from
+    the environment, is :func:`wds_cloud.router.rewrite_url` (``wds.rewrite_url``).
+    """
     for rule in rules:
         new = rule.apply(url)
         if new is not None:

@@ -95,7 +95,7 @@ class _AisStore(BucketStore):
     """What both AIS stores share: wds_cloud maps their ``scheme`` to ``endpoint_url``."""
 
     flavor = "ais"
-    features = frozenset({"write", "deny", "proxy"})
+    features = frozenset({"write", "deny", "proxy", "list"})
     server: AisServer
 
     @property

@@ -15,7 +15,14 @@ The surface of a real AIStore cluster that a client needs, on two ports:
   through to fake-gcs (``--gcs-endpoint``): a cold GET fetches the object and keeps a copy in
   ``DIR/gcp/``; a PUT writes through to fake-gcs (media upload) and keeps the copy. Other
   providers answer 400.
-* paths matching ``--deny`` (a regex searched in the path) -> 403 JSON, on both ports.
+* gateway ``GET /v1/buckets/<bucket>?provider=P`` with the JSON body ``{"action": "list",
+  "value": {"prefix", "props", "continuation_token"[, "pagesize"]}}`` -> ``{"entries": [{"name",
+  "size"}, ...], "continuation_token": ""}``, names sorted, ``page_size`` (1000) per page, the
+  token naming the last name given until the last page. ``provider=ais`` lists
+  ``DIR/ais/<bucket>/``; ``provider=gcp`` lists fake-gcs (the remote bucket, as AIStore does).
+  A bucket that does not exist -> 404 JSON.
+* paths matching ``--deny`` (a regex searched in the path; for a listing, in the path plus
+  ``/`` and the prefix) -> 403 JSON, on both ports.
 
 Through a proxy: the gateway redirects to the target port when the request's ``Host`` is its own
 address; otherwise (a proxy that keeps the client's Host, like faultproxy.py) it redirects to that
@@ -25,7 +32,7 @@ data also flows through the proxy.
 Test control on the gateway: ``GET /__ais__/stats`` (``requests`` {role: {method: {status: n}}},
 ``cold_fetches``, ``log`` [{role, method, path, query, range, status}]), ``POST /__ais__/reset``
 (clears the stats), ``POST /__ais__/evict`` (drops the copies of remote objects),
-``POST /__ais__/config`` (``{"deny": REGEX}``).
+``POST /__ais__/config`` (``{"deny": REGEX, "page_size": N}``, either or both).
 Only the standard library and aiohttp are imported, so the file runs as a plain script.
 """
 
@@ -55,6 +62,8 @@ log = logging.getLogger("ais_server")
 PROVIDERS = {"ais": "ais", "gcp": "gcp", "gs": "gcp", "aws": "aws", "s3": "aws",
              "azure": "azure", "az": "azure", "oci": "oci"}
 _OBJECTS = "/v1/objects/"
+_BUCKETS = "/v1/buckets/"
+PAGE_SIZE = 1000
 
 
 class AisState:
@@ -64,6 +73,7 @@ class AisState:
         self.data_dir = data_dir
         self.gcs_endpoint = gcs_endpoint.rstrip("/")
         self.deny = deny
+        self.page_size = PAGE_SIZE
         self.gateway_addr = ""
         self.target_addr = ""
         self.checksums: dict[str, tuple[int, int, str]] = {}  # path -> (mtime_ns, size, md5)
@@ -149,6 +159,66 @@ class AisHandlers:
         if self.s.deny and re.search(self.s.deny, unquote(request.raw_path.split("?", 1)[0])):
             return ais_error(request, 403, f"access denied: {request.path}")
         return None
+
+    async def list_bucket(self, request: web.Request) -> web.Response:
+        """AIStore's bucket listing (``GET /v1/buckets/<bucket>`` with a ``list`` action)."""
+        bucket = unquote(request.match_info["bucket"])
+        provider = PROVIDERS.get(request.query.get("provider", "ais"))
+        try:
+            msg = json.loads(await request.read() or b"{}")
+        except ValueError:
+            return self._fail(request, 400, "the body is not JSON")
+        value = msg.get("value") if isinstance(msg, dict) else None
+        if msg.get("action") != "list" or not isinstance(value, dict):
+            return self._fail(request, 400, f"expected a 'list' action, got {msg!r}")
+        prefix = str(value.get("prefix") or "")
+        if self.s.deny and re.search(self.s.deny, f"{request.path}/{prefix}"):
+            return ais_error(request, 403, f"access denied: {request.path} prefix {prefix!r}")
+        if provider not in ("ais", "gcp") or (provider == "gcp" and not self.s.gcs_endpoint):
+            return self._fail(request, 400, f"provider {provider!r} is not backed here")
+        listed = (self._list_ais(bucket, prefix) if provider == "ais"
+                  else await self._list_gcs(bucket, prefix))
+        if listed is None:
+            return self._fail(request, 404, f"bucket {provider}://{bucket} does not exist")
+        token = str(value.get("continuation_token") or "")
+        size = int(value.get("pagesize") or 0) or self.s.page_size
+        rest = [entry for entry in listed if entry[0] > token]
+        page, more = rest[:size], len(rest) > size
+        return web.json_response({
+            "uuid": uuid.uuid4().hex, "flags": 0,
+            "entries": [{"name": name, "size": n} for name, n in page] or None,
+            "continuation_token": page[-1][0] if more else "",
+        })
+
+    def _list_ais(self, bucket: str, prefix: str) -> list[tuple[str, int]] | None:
+        root = self.s.data_dir / "ais" / bucket
+        if not root.is_dir() or ".." in bucket.split("/"):
+            return None
+        found = []
+        for path in root.rglob("*"):
+            if path.is_file() and not (path.name.startswith(".") and path.name.endswith(".part")):
+                name = path.relative_to(root).as_posix()
+                if name.startswith(prefix):
+                    found.append((name, path.stat().st_size))
+        return sorted(found)
+
+    async def _list_gcs(self, bucket: str, prefix: str) -> list[tuple[str, int]] | None:
+        assert self.s.session is not None
+        url = f"{self.s.gcs_endpoint}/storage/v1/b/{quote(bucket, safe='')}/o"
+        found: list[tuple[str, int]] = []
+        token = ""
+        while True:
+            query = {"prefix": prefix, **({"pageToken": token} if token else {})}
+            async with self.s.session.get(url, params=query) as resp:
+                if resp.status == 404:
+                    return None
+                if resp.status != 200:
+                    raise web.HTTPBadGateway(text=f"fake-gcs answered {resp.status} for {url}")
+                body = await resp.json()
+            found += [(item["name"], int(item.get("size", 0))) for item in body.get("items", [])]
+            token = body.get("nextPageToken") or ""
+            if not token:
+                return sorted(found)
 
     # -- target --------------------------------------------------------------------------------
     async def target_object(self, request: web.Request) -> web.StreamResponse:
@@ -247,15 +317,21 @@ class AisHandlers:
 
     async def post_config(self, request: web.Request) -> web.Response:
         body = await request.json()
-        if set(body) - {"deny"}:
-            return web.json_response({"error": "only 'deny' can be set"}, status=400)
-        deny = str(body.get("deny") or "")
-        try:
-            re.compile(deny)
-        except re.error as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        self.s.deny = deny
-        return web.json_response({"deny": deny})
+        if set(body) - {"deny", "page_size"}:
+            return web.json_response({"error": "only 'deny' and 'page_size' can be set"},
+                                     status=400)
+        if "page_size" in body:
+            if not isinstance(body["page_size"], int) or body["page_size"] < 1:
+                return web.json_response({"error": "page_size must be an int >= 1"}, status=400)
+            self.s.page_size = body["page_size"]
+        if "deny" in body:
+            deny = str(body.get("deny") or "")
+            try:
+                re.compile(deny)
+            except re.error as exc:
+                return web.json_response({"error": str(exc)}, status=400)
+            self.s.deny = deny
+        return web.json_response({"deny": self.s.deny, "page_size": self.s.page_size})
 
 
 def build_apps(server: AisHandlers) -> tuple[web.Application, web.Application]:
@@ -265,6 +341,7 @@ def build_apps(server: AisHandlers) -> tuple[web.Application, web.Application]:
     gateway.router.add_post("/__ais__/reset", server.post_reset)
     gateway.router.add_post("/__ais__/evict", server.post_evict)
     gateway.router.add_post("/__ais__/config", server.post_config)
+    gateway.router.add_get(_BUCKETS + "{bucket}", server.list_bucket)
     target = web.Application(client_max_size=1 << 30)
     for method in ("GET", "HEAD", "PUT"):
         gateway.router.add_route(method, _OBJECTS + "{tail:.+}", server.gateway_object)

@@ -21,7 +21,7 @@ from wds_cloud.testing import OpenerContract
 WRITERS = ("local", "s3", "gs", "az", "http", "ais", "ais-native")
 # local is not one: the tests run as root, who reads anything
 DENIERS = ("s3", "gs", "az", "http", "ais", "ais-native")
-LISTERS = ("local", "s3", "gs", "az")
+LISTERS = ("local", "s3", "gs", "az", "ais", "ais-native")
 StoreFactory = Callable[[str], Store]
 
 
