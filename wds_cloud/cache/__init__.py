@@ -1,5 +1,6 @@
 """L1 the on-disk shard cache: the cache, filling while reading, the layout on disk, eviction and
-admin.
+admin; and webdataset's ``webdataset.cache`` names on top of it (``FileCache``, ``LRUCleanup``,
+``cached_tarfile_to_samples``, ...: see :mod:`wds_cloud.cache.webdataset`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,17 @@ from .shardcache import (
     ShardCache,
     wait_downloads,
 )
+from .webdataset import (
+    FileCache,
+    LRUCleanup,
+    StreamingOpen,
+    cached_tarfile_samples,
+    cached_tarfile_to_samples,
+    cached_url_opener,
+    check_tar_format,
+    pipe_cleaner,
+    url_to_cache_name,
+)
 
 __all__ = [
     "DISK_BLOCK",
@@ -44,21 +56,30 @@ __all__ = [
     "CacheLayout",
     "CacheLog",
     "CacheUsage",
+    "FileCache",
     "Fill",
     "FillGone",
     "GrowingFile",
+    "LRUCleanup",
     "Problem",
     "Record",
     "Room",
     "ShardCache",
+    "StreamingOpen",
     "TeeStream",
+    "cached_tarfile_samples",
+    "cached_tarfile_to_samples",
+    "cached_url_opener",
     "check_record",
+    "check_tar_format",
     "clear",
     "entries",
     "footprint",
+    "pipe_cleaner",
     "prune",
     "recover",
     "url_key",
+    "url_to_cache_name",
     "usage",
     "verify",
     "wait_downloads",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import multiprocessing
 import os
 import shutil
 
@@ -27,7 +28,7 @@ _warned: set[tuple[str, str]] = set()
 
 class CacheLog:
     """The cache's lines: DEBUG, or INFO when ``verbose`` (shown on stderr if logging is not
-    configured); warnings once per directory and kind."""
+    configured); warnings once per run (see :meth:`warn`)."""
 
     def __init__(self, root: str, *, verbose: bool) -> None:
         self.root = root
@@ -38,13 +39,39 @@ class CacheLog:
     def note(self, event: str, url: str, text: str) -> None:
         log.log(self._level, "cache %s %s: %s", event, redact(url), text)
 
-    def warn(self, url: str, kind: str, text: str) -> None:
-        """Warn once per cache directory and kind, then log at the cache's level."""
-        if (self.root, kind) in _warned:
+    def warn(self, url: str, kind: str, text: str, *, shard: str | None = None) -> None:
+        """Warn (logger ``wds_cloud.cache``) once per run, cache directory, ``kind`` and entry
+        name ``shard`` (``None``: once per kind); after that, log at the cache's level.
+
+        A run is the process that started this one through :mod:`multiprocessing` (a
+        DataLoader's workers, started anew each epoch, belong to the training process), or this
+        process; ``<root>/warned/<kind>[-<shard>]`` holds the run that last gave the warning."""
+        key = kind if shard is None else f"{kind}-{shard}"
+        if (self.root, key) in _warned or not self._first_in_run(key):
+            _warned.add((self.root, key))
             log.log(self._level, "cache skip: %s", text)
             return
-        _warned.add((self.root, kind))
+        _warned.add((self.root, key))
         log.warning("%s", text)
+
+    def _first_in_run(self, key: str) -> bool:
+        run = _run_id().encode()
+        try:
+            os.makedirs(os.path.join(self.root, "warned"), exist_ok=True)
+            fd = os.open(os.path.join(self.root, "warned", key), os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:  # a read-only directory: warn once per process
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # two workers meeting the shard at once: one warns
+            if os.pread(fd, 256, 0) == run:
+                return False
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, run, 0)
+            return True
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
 
 
 class Room:
@@ -60,8 +87,9 @@ class Room:
         limit = self.max_bytes
         if limit is not None and need > limit:
             self.report.warn(url, "too-big", f"{redact(url)} ({human_size(size)}) is larger than "
-                             f"the whole cache ({human_size(limit)}): it is streamed without "
-                             "caching")
+                             f"the whole cache ({human_size(limit)} in {self.layout.root}): it "
+                             "is streamed without caching; raise cache_size (WDS_CACHE_SIZE) "
+                             "to cache it", shard=name)
             return False
         with self.layout.admission():
             if limit is None:
@@ -153,6 +181,19 @@ class Room:
             self.layout.unlock(lock, name, remove=True)
         self.report.note("evict", name, f"{name}: {human_size(size)} evicted")
         return footprint(size)
+
+
+def _run_id() -> str:
+    """The process id of this run's first process (see :meth:`CacheLog.warn`) and its start
+    time (a process id used again later is another run)."""
+    parent = multiprocessing.parent_process()
+    pid = parent.pid if parent is not None and parent.pid else os.getpid()
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:  # field 22: start time (Linux)
+            started = f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        started = "?"
+    return f"{pid} {started}"
 
 
 def _show_on_stderr() -> None:

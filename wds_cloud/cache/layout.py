@@ -9,8 +9,12 @@
     <root>/partial/<name>.json     the record of each download in progress (its reservation)
     <root>/locks/<name>.lock       held (flock) while an entry is filled, replaced or evicted
     <root>/locks/cache.lock        held while room is made and reserved
+    <root>/warned/<kind>[-<name>]  the run that last gave that warning (see CacheLog.warn)
 
-``<name>`` is the URL's basename made safe (``[A-Za-z0-9._-]``) with 16 hex digits of the
+An entry is keyed by its URL as resolved by :func:`entry_url`: remote URLs as they are, local
+paths and ``file:`` URLs by the absolute, resolved path of the file (so ``shards/a.tar`` read
+from two working directories is two entries, and ``file:shards/a.tar`` is the same one).
+``<name>`` is that URL's basename made safe (``[A-Za-z0-9._-]``) with 16 hex digits of the
 SHA-256 of the whole URL put before its extension: ``shard-000003.5d41402abc4b2a76.tar``. It
 contains no ``/`` and is never ``.`` or ``..``, so no URL can name a file outside the directory.
 
@@ -34,16 +38,41 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 from ..errors import CacheError
 
-__all__ = ["DISK_BLOCK", "CacheLayout", "Record", "check_record", "footprint", "url_key"]
+__all__ = ["DISK_BLOCK", "CacheLayout", "Record", "check_record", "entry_url", "footprint",
+           "local_file", "url_key"]
 
 FORMAT = 1
 DISK_BLOCK = 4096
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _TAG = ("Signature: 8a477f597d28d172789f06886806bc55\n"
         "# This directory is a wds_cloud shard cache; see `wds-cloud cache --help`.\n")
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")  # as wds_cloud.urls.split_scheme
+
+
+def local_file(url: str) -> str | None:
+    """The file a local path or ``file:`` URL names (read as the local opener reads it),
+    absolute and resolved (symlinks, ``..``); ``None`` for other URLs."""
+    m = _SCHEME.match(url)
+    if m is None:
+        path = url
+    elif m.group(1).lower() == "file":
+        rest = url[m.end():]
+        path = url2pathname(rest[2:] if rest.startswith("//") else rest)
+    else:
+        return None
+    return os.path.realpath(path)
+
+
+def entry_url(url: str) -> str:
+    """What an entry of ``url`` is keyed and named by: the resolved path of a local file (the
+    path as written depends on the working directory), any other URL as it is."""
+    return local_file(url) or url
 
 
 def url_key(url: str) -> str:

@@ -12,7 +12,7 @@ opener). Opening a URL through it:
   validation record is written and the file is renamed into ``data/`` (``os.replace``);
 * **no room** (the shard is larger than the whole cache, or the entries that would have to go
   are being read), **no size** (a response without a length): the shard is streamed from the
-  store and not cached, with a warning.
+  store and not cached, with a warning (logger ``wds_cloud.cache``; once per run and shard).
 
 Crash safety comes from the order of renames and from ``flock`` locks, which die with their
 process: a file is in ``data/`` only once complete, with its record written before it; a
@@ -50,6 +50,8 @@ from .layout import (
     CacheLayout,
     Record,
     check_record,
+    entry_url,
+    local_file,
     stream_facts,
     unlink,
     url_key,
@@ -137,18 +139,30 @@ class ShardCache:
     def wants(self, url: str) -> bool:
         """Whether ``url`` (as resolved) goes through the cache: remote URLs always, local paths
         only with ``cache_local``; never ``pipe:``, ``-`` or a file inside the cache."""
-        scheme = "-" if url == "-" else split_scheme(url)[0]
-        if scheme in _UNCACHED:
+        if url == "-" or split_scheme(url)[0] in _UNCACHED:
             return False
-        if scheme in ("", "file"):
-            path = os.path.abspath(url.split(":", 1)[1] if scheme else url)
-            return self.cache_local and not path.startswith(self.root + os.sep)
+        path = local_file(url)
+        if path is not None:
+            return self.cache_local and not path.startswith(os.path.realpath(self.root) + os.sep)
         return True
+
+    def entry_name(self, url: str) -> str:
+        """The name of ``url``'s entry (a local path: of the file it names, see
+        :func:`~wds_cloud.cache.layout.entry_url`)."""
+        return self.layout.name_for(entry_url(url), self.url_to_name)
+
+    def published(self, url: str) -> str | None:
+        """The file of ``url``'s published entry, if there is one. It is not locked: it may be
+        evicted once returned; :meth:`open` reads it safely."""
+        key, name = url_key(entry_url(url)), self.entry_name(url)
+        return self.layout.data(name) if self._published(name, key, skip=None) else None
 
     def open(self, url: str, open_stream: Callable[[], BinaryIO]) -> BinaryIO:
         """A read stream of ``url`` from the cache; ``open_stream()`` opens it at the store
-        (called at most once, and only when the store has to be asked)."""
+        (called at most once, and only when the store has to be asked). A local path is the
+        entry of the file it names, wherever it is read from."""
         self.layout.ensure()
+        url = entry_url(url)
         name = self.layout.name_for(url, self.url_to_name)
         return self._attach(url, url_key(url), name, open_stream, pos=0, version=None)
 
@@ -288,7 +302,7 @@ class ShardCache:
             if size is None or not self.room.reserve(url, key, name, size, got):
                 if size is None:
                     self.report.warn(url, "no-size", f"not caching {redact(url)}: the store "
-                                     "did not say its size")
+                                     "did not say its size", shard=name)
                 self.layout.unlock(lock, name)
                 uncached, remote = remote, None
                 return _skip(uncached, pos)
