@@ -38,9 +38,12 @@ _EXPORTS: dict[str, str] = {
     "registered_schemes": "io",
     "gopen": "router",
     "ShardCache": "cache",
+    "LRUCleanup": "cache",
+    "pipe_cleaner": "cache",
     "io_stats": "stores",
     "reset_io_stats": "stores",
     "gopen_schemes": "router",
+    "rewrite_url": "router",
     # handlers
     "ignore_and_continue": "handlers",
     "ignore_and_stop": "handlers",
@@ -68,6 +71,7 @@ _EXPORTS: dict[str, str] = {
     "with_epoch": "pipeline.core",
     "with_length": "pipeline.core",
     "Cached": "pipeline.filters",
+    "LMDBCached": "pipeline.filters",
     "associate": "pipeline.filters",
     "batched": "pipeline.filters",
     "compose": "pipeline.filters",
@@ -97,6 +101,7 @@ _EXPORTS: dict[str, str] = {
     "WorkerInfo": "pipeline.shards",
     "derive_seed": "pipeline.shards",
     "SimpleShardList": "pipeline.shards",
+    "DirectoryShardList": "pipeline.directory",
     "non_empty": "pipeline.shards",
     "shardspec": "pipeline.shards",
     "ResampledShards": "pytorch",
@@ -130,11 +135,14 @@ _EXPORTS: dict[str, str] = {
 # (No module may share a name with a public function: importing it would shadow the function.)
 _MODULE_ALIASES: dict[str, str] = {
     "autodecode": "codecs.decoder",
+    "compat": "compat",
+    "extradatasets": "pipeline.core",
     "filters": "pipeline.filters",
     "mix": "pipeline.mix",
     "shardlists": "pytorch",
     "tariterators": "dataset",
     "tenbin": "codecs.tenbin",
+    "utils": "utils",
     "writer": "tar.writer",
 }
 #: the rooms and top-level modules, importable as attributes like any submodule

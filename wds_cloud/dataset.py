@@ -16,8 +16,11 @@ use it or refuse it:
   off; ``url_to_name`` gives the readable part of cache file names, to which a hash of the URL
   is always added (webdataset's basenames collided across buckets); keyword-only
   ``cache_revalidate`` and ``cache_local`` override ``WDS_CACHE_REVALIDATE``/``WDS_CACHE_LOCAL``;
-* ``mode`` other than ``None``/``"resampled"`` (webdataset's directory-watching modes) and
-  directory URLs ending in ``/``, YAML/JSON specs and spec dicts raise ``ConfigError``;
+* a URL ending in ``/`` (or a ``DirectoryShardList``) reads a directory as a queue of shards,
+  ``mode`` giving what happens to a shard once read (``"resample"``, ``"keep"``,
+  ``"unlink"``), as webdataset; each process claims the shards it reads, so no node or worker
+  splitter and no shard shuffle is applied; YAML/JSON specs and spec dicts raise
+  ``ConfigError``;
 * ``shardshuffle=n`` shuffles shards with a seed derived per rank, worker and epoch, so each
   epoch has a new order (webdataset repeated one order); ``detshuffle=True`` keeps webdataset's
   ``detshuffle`` stage (``Random(seed + epoch)``), whose epoch ``set_epoch`` also sets.
@@ -48,6 +51,7 @@ from .io.readahead import ReadAhead
 from .pipeline import core as pipeline
 from .pipeline import filters, shards
 from .pipeline.core import pipelinefilter
+from .pipeline.directory import DirectoryShardList
 from .pipeline.fluid import FluidInterface
 from .pipeline.shards import WorkerInfo
 from .pytorch import (
@@ -236,10 +240,13 @@ def _cache_settings(settings: Settings, cache_dir: Any, cache_size: Any,
 
 
 def _refuse_unsupported(urls: object, mode: str | None) -> None:
+    if _is_directory(urls):
+        return  # DirectoryShardList checks its mode
     if mode not in (None, "resampled"):
         raise ConfigError(
-            f"WebDataset(mode={mode!r}): only None and 'resampled' are supported (webdataset's "
-            "other modes watch a directory of shards, which wds_cloud does not do)"
+            f"WebDataset(mode={mode!r}): only None and 'resampled' are supported for shard "
+            "lists; the queue modes ('resample', 'keep', 'unlink') go with a directory URL "
+            "ending in '/' (webdataset's DirectoryShardList)"
         )
     if isinstance(urls, dict) or (
         isinstance(urls, str) and urls.endswith((".yaml", ".yml", ".json"))
@@ -249,12 +256,13 @@ def _refuse_unsupported(urls: object, mode: str | None) -> None:
             f"WebDataset({shown!r}): YAML/JSON dataset specs are not supported yet; give a "
             "brace pattern such as 'data/shard-{000000..000099}.tar' or a list of URLs"
         )
-    if isinstance(urls, str) and urlparse(urls).path.endswith("/"):
-        raise ConfigError(
-            f"WebDataset({redact(urls)!r}): a URL ending in '/' means a directory to watch "
-            "(webdataset's DirectoryShardList), which is not supported; list the shards "
-            "with a brace pattern instead"
-        )
+
+
+def _is_directory(urls: object) -> bool:
+    """A directory URL (ending in ``/``) or a ``DirectoryShardList``: a queue of shards,
+    claimed by each process as it reads, which no splitter or shuffle may reorder."""
+    return isinstance(urls, DirectoryShardList) or (
+        isinstance(urls, str) and urlparse(urls).path.endswith("/"))
 
 
 def _expand_patterns(urls: Any, url_vars: Mapping[str, str], router: Router) -> Any:
@@ -285,7 +293,12 @@ def _bind_worker_info(splitter: Any, where: Callable[[], WorkerInfo]) -> Any:
 
 
 def _shard_source(urls: Any, resampled: bool, empty_check: bool, seed: int | None,
-                  url_vars: Mapping[str, str]) -> Any:
+                  url_vars: Mapping[str, str], mode: str | None,
+                  storage_options: Mapping[str, Any]) -> Any:
+    if isinstance(urls, DirectoryShardList):
+        return urls
+    if _is_directory(urls):
+        return DirectoryShardList(urls, mode=mode, storage_options=storage_options)
     if isinstance(urls, (shards.SimpleShardList, shards.ShardResampler, pipeline.Pipeline)):
         if resampled:
             raise ConfigError(
@@ -352,12 +365,13 @@ class WebDataset(DataPipeline, FluidInterface):
         self.seed, chosen = _resolve_seed(seed, settings)
         where = functools.partial(worker_info, settings)
         self.append(_shard_source(urls, resampled, empty_check, self.seed if chosen else None,
-                                  settings.url_vars))
-        if nodesplitter is not None:
+                                  settings.url_vars, mode, storage_options or {}))
+        queue = _is_directory(urls)  # each process claims its shards: no splitting
+        if nodesplitter is not None and not queue:
             self.append(_bind_worker_info(nodesplitter, where))
-        if workersplitter:
+        if workersplitter and not queue:
             self.append(_bind_worker_info(workersplitter, where))
-        if shardshuffle:
+        if shardshuffle and not queue:
             if detshuffle:
                 self.append(filters.detshuffle(shardshuffle, seed=self.seed))
             else:
@@ -366,7 +380,7 @@ class WebDataset(DataPipeline, FluidInterface):
             self.append(_log_shards)
         self.append(functools.partial(opener.samples, handler=handler,
                                       select_files=select_files, rename_files=rename_files))
-        if empty_check:
+        if empty_check and not queue:  # a worker may find a queue empty
             self.append(check_empty(_describe(urls), worker_info=where))
         if repeat:
             self.repeat()

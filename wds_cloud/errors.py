@@ -7,14 +7,14 @@ or ``except ValueError`` keeps working::
     ├── ConfigError(ValueError) ── SpecError
     ├── UnsupportedSchemeError(ValueError)      lists the registered schemes
     ├── MissingDependencyError(ImportError)     names the pip extra to install
-    ├── UnsafeURLError(PermissionError)         e.g. pipe: in a spec that did not allow it
+    ├── UnsafeURLError(PermissionError, ValueError)  e.g. pipe: refused in secure mode
     ├── OpenError(OSError)                      .url, .resolved_url (after rewrite/AIS)
     │   ├── ShardNotFoundError(FileNotFoundError)
     │   ├── AccessDeniedError(PermissionError)
     │   ├── TransferError                       .offset, .attempts: retries ran out mid-shard
     │   └── PipeError                           .command, .returncode, stderr tail
     ├── CacheError(OSError) ── CacheValidationError
-    ├── ShardFormatError(ValueError)            .url, .member, .offset
+    ├── ShardFormatError(ValueError, tarfile.ReadError)  .url, .member, .offset
     ├── DecodingError(ValueError)               .url, .key, .k (field), .sample
     └── EncodingError(ValueError)               a field that cannot be turned into bytes
 
@@ -25,6 +25,7 @@ Chain with ``raise ... from exc``.
 
 from __future__ import annotations
 
+import tarfile
 from collections.abc import Iterable
 from functools import partial
 from typing import Any
@@ -86,8 +87,9 @@ class MissingDependencyError(WdsCloudError, ImportError):
         )
 
 
-class UnsafeURLError(WdsCloudError, PermissionError):
-    """A URL was refused because of what it would do (e.g. run a command)."""
+class UnsafeURLError(WdsCloudError, PermissionError, ValueError):
+    """A URL was refused because of what it would do (e.g. run a command); also a
+    ``ValueError``, what webdataset raises for the refusals of its secure mode."""
 
 
 class OpenError(WdsCloudError, OSError):
@@ -154,11 +156,13 @@ class CacheValidationError(CacheError):
     """A cache entry does not match what was recorded for it."""
 
 
-class ShardFormatError(WdsCloudError, ValueError):
+class ShardFormatError(WdsCloudError, ValueError, tarfile.ReadError):
     """A shard's bytes are not a valid archive, or its samples break webdataset's rules.
 
     ``url`` names the shard, ``member`` the tar member (if known) and ``offset`` the byte
-    offset in the uncompressed stream where the problem was found.
+    offset in the uncompressed stream where the problem was found. It is also a
+    :class:`tarfile.ReadError`, which is what webdataset users catch around broken shards
+    (webdataset reads them with :mod:`tarfile`).
     """
 
     def __init__(
@@ -191,10 +195,15 @@ class DecodingError(WdsCloudError, ValueError):
         from .urls import redact  # urls imports this module
 
         self.url, self.key, self.k, self.sample, self.reason = url, key, k, sample, reason
-        where = f"field {k!r} of sample {key!r}" if k is not None else f"sample {key!r}"
+        # name what is known: a decoder function called on its own knows only the field
+        parts = [f"field {k!r}"] if k is not None else []
+        if key is not None or (url is not None and k is None):
+            parts.append(f"sample {key!r}" if key is not None else "a sample")
+        where = " of ".join(parts)
         if url is not None:
             where += f" from {redact(str(url))!r}"
-        super().__init__(f"cannot decode {where}: {reason}" if reason else f"cannot decode {where}")
+        head = f"cannot decode {where}" if where else "cannot decode"
+        super().__init__(f"{head}: {reason}" if reason else head)
 
     def __reduce__(self) -> Any:
         return (partial(DecodingError, reason=self.reason), (self.url, self.key, self.k))

@@ -25,6 +25,8 @@ torch is never imported at module import time, and everything works without torc
 * :class:`WebLoader` is webdataset's: a pipeline (with the fluid methods) whose source is a
   ``DataLoader``. Before each pass over the DataLoader it calls ``set_epoch(epoch)`` on the
   dataset, so workers started afresh each epoch (``persistent_workers=False``) see the epoch.
+  Its :meth:`WebLoader.io_stats` sums the remote I/O counters of its workers, which
+  ``wds.io_stats()`` (per process) cannot see.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any, TypeVar
 from .errors import ConfigError, MissingDependencyError
 from .pipeline import core as pipeline
 from .pipeline import shards
+from .pipeline.directory import DirectoryShardList
 from .pipeline.fluid import FluidInterface
 from .pipeline.shards import (
     SimpleShardList,
@@ -50,6 +53,7 @@ from .settings import Settings
 
 __all__ = [
     "DataPipeline",
+    "DirectoryShardList",
     "ResampledShards",
     "SimpleShardList",
     "WebLoader",
@@ -251,6 +255,24 @@ class _EpochedLoader:
         return iter(self.loader)
 
 
+class _ReportIO:
+    """A WebLoader's ``worker_init_fn``: the worker also adds its remote I/O counts to its slots
+    of ``counters`` (shared memory the loader reads), then the user's ``init`` runs."""
+
+    def __init__(self, counters: Any, init: Callable[[int], Any] | None) -> None:
+        self.counters = counters
+        self.init = init
+
+    def __call__(self, worker_id: int) -> None:
+        from .stores.iostats import IO_FIELDS, report_io_to
+
+        first = worker_id * len(IO_FIELDS)
+        if first + len(IO_FIELDS) <= len(self.counters):  # num_workers was raised since: uncounted
+            report_io_to(self.counters, first)
+        if self.init is not None:
+            self.init(worker_id)
+
+
 class WebLoader(DataPipeline, FluidInterface):
     """``torch.utils.data.DataLoader(*args, **kw)`` with webdataset's fluid methods.
 
@@ -259,6 +281,10 @@ class WebLoader(DataPipeline, FluidInterface):
     pass over the DataLoader is an epoch: before its workers start, ``set_epoch(epoch)`` is
     called on the dataset (see :func:`set_epoch`), counting from 0 (or from the value given to
     :meth:`set_epoch`). ``.dataloader`` is the wrapped DataLoader.
+
+    :meth:`io_stats` is what its workers read and wrote remotely: each worker adds its counts
+    to a slot of shared memory (through the DataLoader's ``worker_init_fn``, which still runs
+    the one given).
     """
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -266,7 +292,28 @@ class WebLoader(DataPipeline, FluidInterface):
             raise MissingDependencyError("WebLoader", "torch", "torch")
         from torch.utils.data import DataLoader
 
-        super().__init__(_EpochedLoader(DataLoader(*args, **kw)))
+        from .stores.iostats import IO_FIELDS
+
+        loader = DataLoader(*args, **kw)
+        self._io_counters: Any = None
+        if loader.num_workers > 0:
+            import multiprocessing
+
+            context = loader.multiprocessing_context or multiprocessing.get_context()
+            self._io_counters = context.RawArray("q", loader.num_workers * len(IO_FIELDS))
+            loader.worker_init_fn = _ReportIO(self._io_counters, loader.worker_init_fn)
+        super().__init__(_EpochedLoader(loader))
+
+    def io_stats(self) -> dict[str, int]:
+        """The remote I/O counters of ``wds.io_stats()`` (requests, retries, resumes,
+        bytes read, failures, uploads) summed over this loader's DataLoader workers and every
+        epoch so far. What the main process does itself, and all the loading when
+        ``num_workers=0``, is counted by ``wds.io_stats()`` instead."""
+        from .stores.iostats import IO_FIELDS
+
+        counters = self._io_counters if self._io_counters is not None else []
+        width = len(IO_FIELDS)
+        return {name: sum(counters[i::width]) for i, name in enumerate(IO_FIELDS)}
 
     @property
     def dataloader(self) -> Any:

@@ -17,10 +17,13 @@ variable                 meaning
 ``WDS_CACHE_REVALIDATE`` ``1``: ask the store on each cache hit whether the shard changed
                          (ETag, generation) and fetch it again if it did
 ``WDS_CACHE_LOCAL``      ``1``: cache local and NAS paths too (for slow network file systems)
-``WDS_SECURE``           ``1``: refuse to unpickle (``.pyd``, ``.pickle``, ``.pth``) samples
+``WDS_SECURE``           ``1``: refuse what can run code: unpickling (``.pyd``, ``.pickle``),
+                         ``torch.load`` (``.pth``) and ``pipe:`` URLs (``wds.utils.
+                         enforce_security = True`` refuses more, as webdataset does)
 ``WDS_PYTORCH_WEIGHTS_ONLY`` ``1``: ``torch.load`` of ``.pth`` samples with ``weights_only=True``
 ``WDS_SEED``             the seed of shard shuffling and resampling when none is given
-``WDS_RETRIES``          retries of a failed request or dropped connection (default 8)
+``WDS_RETRIES``          retries after a failed request or dropped connection before giving
+                         up (default 8: a transfer ends after 9 attempts in a row failed)
 ``WDS_RETRY_BACKOFF``    first backoff delay in seconds, doubled each retry (default 0.2)
 ``WDS_RETRY_BACKOFF_MAX`` longest backoff delay in seconds (default 10)
 ``WDS_TIMEOUT``          seconds to wait for a connection or for the next bytes (default 60)

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import DecodingError, MissingDependencyError
 from ..settings import Settings
+from ..utils import refuses_code, why_refused
 
 __all__ = [
     "DecodingError",
@@ -44,16 +45,18 @@ __all__ = [
 
 
 def refusal(what: str, key: str | None) -> DecodingError:
-    """The error raised instead of running pickle / ``torch.load`` in secure mode."""
-    return DecodingError(k=key, reason=(
-        f"refusing {what}: secure mode is on (Decoder(secure=True) or WDS_SECURE=1) and it can "
-        "run arbitrary code; if you trust this data, pass secure=False or unset WDS_SECURE"
-    ))
+    """The error raised instead of running pickle / ``torch.load`` in secure mode (see
+    :mod:`wds_cloud.utils` for the switches)."""
+    return DecodingError(k=key, reason=f"refusing {what}, which can run arbitrary code: "
+                                       f"{why_refused()}")
 
 
-def refuse(what: str, key: str, data: bytes) -> Any:
-    """Stand-in decoder for pickle / ``torch.load`` in secure mode: always raises."""
-    raise refusal(what, key)
+def guarded(what: str, key: str, secure: bool, load: Callable[[bytes], Any], data: bytes) -> Any:
+    """``load(data)``, unless secure mode refuses it: ``secure`` is the decoder's setting, the
+    module flag ``wds_cloud.utils.enforce_security`` is read now and wins when set."""
+    if refuses_code(secure):
+        raise refusal(what, key)
+    return load(data)
 
 
 def _import(module: str, what: str, package: str, extra: str) -> Any:
@@ -76,18 +79,21 @@ def torch_load(data: bytes, weights_only: bool = False) -> Any:
 
 # The two decoders below are what code calling them directly gets: each call is a composition
 # root of its own and reads WDS_SECURE. A Decoder never calls them: it reads the settings once
-# and plans ``refuse``, ``torch_load`` or ``pickle.loads`` in their place (see :data:`UNSAFE`).
+# and plans ``guarded(torch_load)`` or ``guarded(pickle.loads)`` in their place (see
+# :data:`UNSAFE`). Both read the module flag ``wds_cloud.utils.enforce_security`` on each call.
 def torch_loads(data: bytes) -> Any:
-    """``torch.load`` bytes onto the CPU; refused when ``WDS_SECURE=1``."""
+    """``torch.load`` bytes onto the CPU; refused when ``WDS_SECURE=1`` or the module flag
+    ``wds_cloud.utils.enforce_security`` says so."""
     settings = Settings.from_env()
-    if settings.secure:
+    if refuses_code(settings.secure):
         raise refusal("torch.load", None)
     return torch_load(data, settings.pytorch_weights_only)
 
 
 def unpickle_loads(data: bytes) -> Any:
-    """``pickle.loads``; refused when ``WDS_SECURE=1``."""
-    if Settings.from_env().secure:
+    """``pickle.loads``; refused when ``WDS_SECURE=1`` or the module flag
+    ``wds_cloud.utils.enforce_security`` says so."""
+    if refuses_code(Settings.from_env().secure):
         raise refusal("unpickling", None)
     return pickle.loads(data)
 

@@ -15,7 +15,9 @@ a direct call to e.g. ``int`` or ``json.loads``. Handlers written by users are s
 for every field, as in webdataset.
 
 Security: ``.pyd``/``.pickle``/``.pkl`` (pickle) and ``.pth`` (``torch.load``) can run code.
-``Decoder(..., secure=True)``, or ``WDS_SECURE=1`` when ``secure`` is not given, refuses them.
+``Decoder(..., secure=True)``, or ``WDS_SECURE=1`` when ``secure`` is not given, refuses them;
+webdataset's module flag ``wds_cloud.utils.enforce_security`` (``wds.utils``), read at each such
+field, wins when set to True or False (see :mod:`wds_cloud.utils`).
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ from .basic import (
     basichandlers,
     cbor_loads,
     decoders,
+    guarded,
     msgpack_loads,
     npy_loads,
     npz_loads,
-    refuse,
     tenbin_loads,
     torch_audio,
     torch_load,
@@ -182,8 +184,9 @@ class Decoder:
     of field names) restricts decoding to those fields. ``partial=True`` passes values that
     are not bytes through. ``weights_only`` is ``torch.load``'s for ``.pth`` fields (default: the
     ``WDS_PYTORCH_WEIGHTS_ONLY`` setting; the module flag ``pytorch_weights_only`` wins when
-    set). ``secure`` refuses pickle and ``torch.load`` (default: the
-    ``WDS_SECURE`` setting). Calling the decoder returns a new dict; the input is not changed.
+    set). ``secure`` refuses pickle and ``torch.load`` (default: the ``WDS_SECURE`` setting;
+    the module flag ``wds_cloud.utils.enforce_security``, read at each such field, wins when
+    set). Calling the decoder returns a new dict; the input is not changed.
     """
 
     def __init__(
@@ -229,11 +232,10 @@ class Decoder:
                 continue
             if fn is unpickle_loads or fn is torch_loads:
                 what, unchecked = UNSAFE[fn]
-                if self.secure:
-                    fn = _partial(refuse, what, dkey[1:])
-                else:
-                    fn = _partial(unchecked, weights_only=self.weights_only) \
-                        if unchecked is torch_load else unchecked
+                if unchecked is torch_load:
+                    unchecked = _partial(torch_load, weights_only=self.weights_only)
+                # guarded per call: the module flag wds_cloud.utils.enforce_security may change
+                fn = _partial(guarded, what, dkey[1:], self.secure, unchecked)
             fns.append(fn)
             positions.append(i)
         plan = _Plan(fns)
@@ -302,9 +304,14 @@ class Decoder:
                     v = _meta_text(k, v)
                 result[k] = v
         except Exception as exn:
+            # a decoder function's own DecodingError (a secure-mode refusal) knows only the
+            # field: give its reason once, with the sample and URL, not nested in a second one
+            bare = isinstance(exn, DecodingError) and exn.key is None and exn.url is None \
+                and exn.reason
             raise DecodingError(
                 url=sample.get("__url__"), key=sample.get("__key__"), k=k, sample=sample,
-                reason=f"{type(exn).__name__}: {exn}",
+                reason=exn.reason if isinstance(exn, DecodingError) and bare
+                else f"{type(exn).__name__}: {exn}",
             ) from exn
         return result
 

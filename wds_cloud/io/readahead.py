@@ -13,7 +13,9 @@ Contract:
 - ``sources(src)`` yields the items of ``src`` unchanged and in order. When it yields item *k*,
   items *k+1 … k+depth* have been pulled from ``src`` and are being opened by at most ``depth``
   daemon threads named ``wds-readahead``; item *k+depth+1* is not pulled before the consumer asks
-  for item *k+1*. Items without a URL pass through without being opened.
+  for item *k+1*. Items without a URL pass through without being opened. An item marked
+  ``{"url": ..., "readahead": False}`` comes from a queue that recycles a shard when the next
+  one is asked for (``DirectoryShardList``): from it on nothing is pulled ahead.
 - Each prepared shard is opened exactly once with ``open_stream(url)``; then up to
   ``max_bytes // depth`` of its first bytes are read. The pre-read bytes of all shards not yet
   consumed never exceed ``max_bytes`` (0: open ahead without pre-reading).
@@ -188,6 +190,8 @@ class ReadAhead:
                 item = next(it)
             except StopIteration:
                 return
+            if isinstance(item, dict) and item.get("readahead") is False:
+                self.depth = 0  # a queue: asking for its next item would recycle this one
             url = _url_of(item)
             slot = None if url is None else self._schedule(url)
             with self._lock:

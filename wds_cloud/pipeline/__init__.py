@@ -22,8 +22,10 @@ from .core import (
     with_epoch,
     with_length,
 )
+from .directory import DirectoryShardList
 from .filters import (
     Cached,
+    LMDBCached,
     associate,
     compose,
     decode,
@@ -80,7 +82,9 @@ from .shards import (
 
 __all__ = [
     "Cached",
+    "DirectoryShardList",
     "FluidInterface",
+    "LMDBCached",
     "MockDataset",
     "Pipeline",
     "PipelineStage",

@@ -13,7 +13,8 @@ A sample that lacks a key a stage asks for raises
 
 Key-based stages (``to_tuple``, ``rename``, ``rename_keys``, ``extract_keys``, ``xdecode``)
 live in :mod:`wds_cloud.pipeline.keys`, batching stages in
-:mod:`wds_cloud.pipeline.batching`; both are re-exported here, so
+:mod:`wds_cloud.pipeline.batching`, the sample caches (``Cached``, ``LMDBCached``) in
+:mod:`wds_cloud.pipeline.samplecache`; all are re-exported here, so
 ``wds_cloud.pipeline.filters.batched`` works as in webdataset.
 """
 
@@ -41,9 +42,11 @@ from .keys import (
     transform_with,
     xdecode,
 )
+from .samplecache import Cached, LMDBCached
 
 __all__ = [
     "Cached",
+    "LMDBCached",
     "associate",
     "batched",
     "combine_values",
@@ -280,24 +283,6 @@ def _rsample(
         raise ConfigError("rsample: pass either rng or seed, not both")
     rand = (rng or random.Random(seed)).random
     return (sample for sample in data if rand() < p)
-
-
-class Cached(PipelineStage):
-    """Keep the first complete epoch's samples in memory and replay them afterwards."""
-
-    def __init__(self) -> None:
-        self.cached: list[Any] | None = None
-
-    def run(self, source: Iterable[Any]) -> Iterator[Any]:
-        """Yield ``source`` (recording it) the first time, the recording afterwards."""
-        if self.cached is not None:
-            yield from self.cached
-            return
-        recording: list[Any] = []
-        for sample in source:
-            recording.append(sample)
-            yield sample
-        self.cached = recording
 
 
 info = pipelinefilter(_info)

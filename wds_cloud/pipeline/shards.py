@@ -8,7 +8,8 @@ the torch-aware versions exported as ``wds_cloud.split_by_node`` etc. live in
 :mod:`wds_cloud.pytorch` and also ask ``torch.distributed`` and the DataLoader.
 
 Randomness: every random choice made per (rank, worker, epoch) is seeded by :func:`derive_seed`,
-a stable hash; nothing uses the module-global ``random``.
+a stable hash (except the first epoch of a seeded ``SimpleShardList``, in webdataset's order);
+nothing uses the module-global ``random``.
 
 Epochs: webdataset counts epochs inside the dataset object, but a DataLoader with
 non-persistent workers pickles the object afresh into new workers every epoch, so the counter
@@ -226,10 +227,13 @@ class SimpleShardList:
     """Yield ``dict(url=...)`` for each shard URL, once per iteration.
 
     ``urls``: a string (brace pattern, ``::``-joined lists, ``${NAME}`` from ``WDS_NAME``) or
-    an iterable of URL strings. ``seed``: ``None`` keeps the order; an int shuffles with
-    ``derive_seed(seed, 0, 0, *epoch)`` (the same permutation on every rank and worker of an
-    epoch, so it can be split; a new one each epoch); ``True`` picks a random seed now (each
-    node then has its own: do not combine with splitting by node).
+    an iterable of URL strings. ``seed``: ``None`` keeps the order; an int shuffles, with
+    the same permutation on every rank and worker of an epoch (so it can be split) and a new
+    one each epoch: the first epoch (no ``set_epoch``, or ``set_epoch(0)``) in webdataset
+    1.0.2's order for that seed, ``random.Random(seed).shuffle`` (so a published run repeats
+    when switching libraries; webdataset gives that order in every epoch), later epochs with
+    ``derive_seed(seed, 0, 0, *epoch)``; ``True`` picks a random seed now (each node then has
+    its own: do not combine with splitting by node).
     """
 
     def __init__(
@@ -256,7 +260,8 @@ class SimpleShardList:
         urls = self.urls
         if self.seed is not None:
             urls = list(urls)
-            random.Random(derive_seed(self.seed, 0, 0, *key)).shuffle(urls)
+            first = key in ((0,), (0, 0))  # webdataset's order; see the class docstring
+            random.Random(self.seed if first else derive_seed(self.seed, 0, 0, *key)).shuffle(urls)
         for url in urls:
             yield {"url": url}
 
