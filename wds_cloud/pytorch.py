@@ -181,6 +181,9 @@ class DataPipeline(pipeline.Pipeline):
     that constructing it first calls :func:`register_torch_datasets`.
     """
 
+    #: rank and worker from torch (and the environment), for per-rank epochs
+    worker_info = staticmethod(worker_info)
+
     def __init__(self, *args: Any, **kw: Any) -> None:
         register_torch_datasets()
         super().__init__(*args, **kw)

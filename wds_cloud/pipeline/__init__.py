@@ -23,6 +23,8 @@ from .core import (
     with_length,
 )
 from .directory import DirectoryShardList
+from .epochs import EpochCounter
+from .exact import ExactEpochShards
 from .filters import (
     Cached,
     LMDBCached,
@@ -83,6 +85,8 @@ from .shards import (
 __all__ = [
     "Cached",
     "DirectoryShardList",
+    "EpochCounter",
+    "ExactEpochShards",
     "FluidInterface",
     "LMDBCached",
     "MockDataset",

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..errors import ConfigError
+from .shards import WorkerInfoSource, resolve_worker_info
 
 __all__ = [
     "MockDataset",
@@ -158,6 +159,9 @@ class Pipeline:
         self.pipeline: list[Any] = []
         self.repetitions: int = 1
         self.nsamples: int = -1
+        #: ``(units, multiple)`` of a per-rank epoch (``with_epoch(nbatches=...)``): each
+        #: worker yields its share of ``units``, times ``multiple`` items
+        self.rank_epoch: tuple[int, int] | None = None
         self.size: int | None = None
         for arg in args:
             if arg is None:
@@ -208,9 +212,23 @@ class Pipeline:
                 return
             yield from it
 
+    #: where this pipeline runs (rank, worker), for per-rank epochs; ``None``: the
+    #: environment only (the torch layer and ``WebDataset`` ask torch too)
+    worker_info: WorkerInfoSource = None
+
     def __iter__(self) -> Iterator[Any]:
         source = self.iterator1() if self.repetitions == 1 else self.iterator()
-        return itertools.islice(source, self.nsamples) if self.nsamples > 0 else source
+        count = self.nsamples if self.rank_epoch is None else self._worker_share()
+        return itertools.islice(source, count) if count > 0 else source
+
+    def _worker_share(self) -> int:
+        """This worker's items of a per-rank epoch: ``units`` split as evenly as can be over
+        the rank's workers (the first ``units % workers`` take one more), times ``multiple``."""
+        assert self.rank_epoch is not None
+        units, multiple = self.rank_epoch
+        info = resolve_worker_info(self.worker_info)
+        share = units // info.num_workers + (info.worker < units % info.num_workers)
+        return share * multiple if share else 0
 
     def __len__(self) -> int:
         if self.size is None:
@@ -249,14 +267,48 @@ class Pipeline:
         self.size = int(n)
         return self
 
-    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> Pipeline:
-        """Make each iteration yield ``max(nsamples, nbatches)`` items, repeating the data.
+    def with_epoch(self, *args: int, nsamples: int | None = None, nbatches: int | None = None,
+                   batch_size: int | None = None) -> Pipeline:
+        """Cut the data (repeated as needed) into epochs. Returns ``self``.
 
-        The count is per process: with DataLoader workers each worker yields that many.
-        Returns ``self``.
+        ``with_epoch(n)`` (positional, webdataset's meaning): each iteration yields ``n``
+        items; with DataLoader workers, each worker's copy yields ``n`` (``with_epoch(n, m)``:
+        ``max(n, m)``).
+
+        ``with_epoch(nbatches=N)``: per **rank**, N batches in all, split over the rank's
+        DataLoader workers (worker ``w`` of ``W`` yields ``N // W + (w < N % W)``), so the
+        DataLoader yields exactly N batches on every rank whatever ``num_workers`` is and DDP
+        never waits at the epoch's end. The pipeline batches itself (a ``batched`` stage
+        before this) unless ``batch_size=B`` says the DataLoader does: each worker then
+        yields ``B`` samples per batch of its share. ``nsamples=S`` (with ``batch_size=B``)
+        is ``nbatches=S // B``; without ``batch_size``, S items split the same way.
         """
         self.repetitions = sys.maxsize
-        self.nsamples = max(nsamples, nbatches)
+        if nsamples is None and nbatches is None:
+            if not args or len(args) > 2:
+                raise ConfigError("with_epoch(n): give the items per iteration, or "
+                                  "nbatches=N (per rank)")
+            self.nsamples, self.rank_epoch = max(args), None
+            return self
+        if args:
+            raise ConfigError("with_epoch: give n (per worker) or nbatches=/nsamples= (per "
+                              "rank), not both")
+        if nsamples is not None and nbatches is not None:
+            raise ConfigError("with_epoch: give nbatches= or nsamples=, not both")
+        for name, value in (("nsamples", nsamples), ("nbatches", nbatches),
+                            ("batch_size", batch_size)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ConfigError(f"with_epoch({name}={value!r}): give an integer >= 1")
+        if nbatches is not None:
+            units = nbatches
+        else:
+            assert nsamples is not None
+            units = nsamples // batch_size if batch_size else nsamples
+            if units < 1:
+                raise ConfigError(f"with_epoch(nsamples={nsamples}, batch_size={batch_size}): "
+                                  "less than one batch per rank")
+        self.nsamples, self.rank_epoch = -1, (units, batch_size or 1)
         return self
 
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> Pipeline:

@@ -49,6 +49,7 @@ __all__ = [
     "LMDBCached",
     "associate",
     "batched",
+    "buffer_shuffle",
     "combine_values",
     "compose",
     "decode",
@@ -133,7 +134,9 @@ def _shuffle(
     return _shuffled(iter(data), bufsize, min(int(initial), bufsize), rng or random.Random(seed))
 
 
-def _shuffled(it: Iterator[Any], bufsize: int, initial: int, rng: random.Random) -> Iterator[Any]:
+def _shuffled(it: Iterator[Any], bufsize: int, initial: int, rng: Any) -> Iterator[Any]:
+    """The buffer shuffle; ``rng`` has ``random()`` and ``shuffle(list)`` (a ``random.Random``
+    or a :class:`~wds_cloud.pipeline.rng.KeyedRandom`)."""
     rand = rng.random
     buf: list[Any] = []
     for sample in it:
@@ -155,6 +158,12 @@ def _shuffled(it: Iterator[Any], bufsize: int, initial: int, rng: random.Random)
             yield out
     rng.shuffle(buf)
     yield from buf
+
+
+def buffer_shuffle(it: Iterable[Any], bufsize: int, initial: int, rng: Any) -> Iterator[Any]:
+    """Shuffle ``it`` in a buffer of ``bufsize`` (first output after ``initial``) drawing from
+    ``rng`` (anything with ``random()`` and ``shuffle(list)``)."""
+    return _shuffled(iter(it), bufsize, min(initial, bufsize), rng)
 
 
 class detshuffle(PipelineStage):
