@@ -262,8 +262,11 @@ def test_unsupported_arguments_are_refused(urls: list[str], kw: dict[str, Any], 
 @pytest.mark.parametrize(
     "spec, match",
     [
-        ("train.yaml", "YAML"), ("train.yml", "YAML"), ("train.json", "JSON"),
-        ({"datasets": []}, "spec"), ("/data/shards/", "directory"), (42, "type int"),
+        ("train.yaml", "train.yaml: cannot read the spec"),
+        ("train.yml", "train.yml: cannot read the spec"),
+        ("train.json", "train.json: cannot read the spec"),
+        ({"datasets": []}, "<dict>: datasets: no sources"), ("/data/shards/", "directory"),
+        (42, "type int"),
     ],
 )
 def test_unsupported_urls_are_refused(spec: Any, match: str) -> None:

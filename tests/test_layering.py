@@ -14,7 +14,7 @@ import wds_cloud
 
 L0 = ["errors", "settings", "urls", "handlers"]
 #: rooms below the stores: no torch, no fsspec, no remote store, no cache
-L2_ROOMS = ["io", "tar", "codecs", "pipeline"]
+L2_ROOMS = ["io", "tar", "codecs", "pipeline", "spec"]
 BLOCKED = ("torch", "fsspec", "s3fs", "gcsfs", "adlfs", "aiohttp", "botocore")
 
 

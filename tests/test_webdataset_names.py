@@ -14,9 +14,6 @@ import wds_cloud
 
 #: name -> why wds_cloud does not have it
 DELIBERATE_OMISSIONS: dict[str, str] = {
-    "MultiShardSample": "obsolete in webdataset 1.0.2 itself: constructing it raises "
-                        "ObsoleteException unless ALLOW_OBSOLETE=1 (its YAML specs are replaced "
-                        "by the WIDS JSON format); wds.shardspec('x.yaml') says so",
 }
 
 PUBLIC = sorted(name for name in dir(webdataset) if not name.startswith("_"))

@@ -102,6 +102,12 @@ _EXPORTS: dict[str, str] = {
     "derive_seed": "pipeline.shards",
     "SimpleShardList": "pipeline.shards",
     "DirectoryShardList": "pipeline.directory",
+    "ExactEpochShards": "pipeline.exact",
+    "MultiShardSample": "specdataset",
+    # dataset specs
+    "DatasetSpec": "spec",
+    "SourceSpec": "spec",
+    "load_spec": "spec",
     "non_empty": "pipeline.shards",
     "shardspec": "pipeline.shards",
     "ResampledShards": "pytorch",

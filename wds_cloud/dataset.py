@@ -19,8 +19,15 @@ use it or refuse it:
 * a URL ending in ``/`` (or a ``DirectoryShardList``) reads a directory as a queue of shards,
   ``mode`` giving what happens to a shard once read (``"resample"``, ``"keep"``,
   ``"unlink"``), as webdataset; each process claims the shards it reads, so no node or worker
-  splitter and no shard shuffle is applied; YAML/JSON specs and spec dicts raise
-  ``ConfigError``;
+  splitter and no shard shuffle is applied;
+* a dataset spec (a ``.yaml``/``.yml``/``.json`` path, a dict or a ``DatasetSpec``) mixes its
+  sources (:mod:`wds_cloud.specdataset`); the shard list arguments (``resampled``,
+  ``shardshuffle``, the splitters, ``empty_check``) do not apply to it, and keyword-only
+  ``allow_pipe=True`` lets its shards be ``pipe:`` commands;
+* keyword-only ``epoch_mode="exact"`` deals each epoch's shards (permuted with the seed, the
+  same on every rank) to the rank x worker slots, the same number to each (``remainder="pad"``
+  repeats a few, ``"drop"`` leaves a few out): see :mod:`wds_cloud.pipeline.exact`; without a
+  chosen seed (argument or ``WDS_SEED``) it uses 0, so that all ranks agree;
 * ``shardshuffle=n`` shuffles shards with a seed derived per rank, worker and epoch, so each
   epoch has a new order (webdataset repeated one order); ``detshuffle=True`` keeps webdataset's
   ``detshuffle`` stage (``Random(seed + epoch)``), whose epoch ``set_epoch`` also sets.
@@ -52,6 +59,7 @@ from .pipeline import core as pipeline
 from .pipeline import filters, shards
 from .pipeline.core import pipelinefilter
 from .pipeline.directory import DirectoryShardList
+from .pipeline.exact import ExactEpochShards
 from .pipeline.fluid import FluidInterface
 from .pipeline.shards import WorkerInfo
 from .pytorch import (
@@ -85,6 +93,7 @@ __all__ = [
     "check_empty",
     "group_by_keys",
     "msgpacks_to_samples",
+    "read_shards",
     "tar_file_expander",
     "tar_file_iterator",
     "tarfile_samples",
@@ -138,10 +147,26 @@ class ShardOpener:
 
     def samples(
         self, src: Iterable[Sample], handler: Handler, select_files: Any, rename_files: Any,
+        *, share: int = 1,
     ) -> Iterator[Sample]:
-        depth = self.settings.readahead
-        with ReadAhead(self, depth=depth, max_bytes=self.settings.readahead_bytes) as ahead:
-            yield from tario.samples_from_shards(ahead.sources(src), handler, select_files,
+        """Samples of the shards of ``src``; ``share``: how many such streams one process
+        reads at once (a spec's sources), which split the read-ahead between them."""
+        return read_shards(self, self.settings, src, handler, select_files, rename_files,
+                           share=share)
+
+
+def read_shards(
+    open_stream: Callable[..., BinaryIO], settings: Settings, src: Iterable[Sample],
+    handler: Handler, select_files: Any, rename_files: Any, *, share: int = 1,
+) -> Iterator[Sample]:
+    """Samples of the shards ``{"url": ...}`` of ``src`` opened with ``open_stream``, the
+    next ``settings.readahead // share`` opened in the background."""
+    depth = settings.readahead
+    if depth and share > 1:
+        depth = max(1, depth // share)
+    max_bytes = settings.readahead_bytes // max(share, 1)
+    with ReadAhead(open_stream, depth=depth, max_bytes=max_bytes) as ahead:
+        yield from tario.samples_from_shards(ahead.sources(src), handler, select_files,
                                              rename_files, open_stream=ahead.open)
 
 
@@ -240,22 +265,24 @@ def _cache_settings(settings: Settings, cache_dir: Any, cache_size: Any,
 
 
 def _refuse_unsupported(urls: object, mode: str | None) -> None:
-    if _is_directory(urls):
-        return  # DirectoryShardList checks its mode
+    if _is_directory(urls) or is_spec(urls):
+        return  # DirectoryShardList checks its mode; a spec has none
     if mode not in (None, "resampled"):
         raise ConfigError(
             f"WebDataset(mode={mode!r}): only None and 'resampled' are supported for shard "
             "lists; the queue modes ('resample', 'keep', 'unlink') go with a directory URL "
             "ending in '/' (webdataset's DirectoryShardList)"
         )
-    if isinstance(urls, dict) or (
-        isinstance(urls, str) and urls.endswith((".yaml", ".yml", ".json"))
-    ):
-        shown = urls if isinstance(urls, str) else "a spec dict"
-        raise ConfigError(
-            f"WebDataset({shown!r}): YAML/JSON dataset specs are not supported yet; give a "
-            "brace pattern such as 'data/shard-{000000..000099}.tar' or a list of URLs"
-        )
+
+
+def is_spec(urls: object) -> bool:
+    """A dataset spec: a ``DatasetSpec``, a dict, or a ``.yaml``/``.yml``/``.json`` path."""
+    from .spec import DatasetSpec
+
+    if isinstance(urls, os.PathLike):
+        urls = os.fspath(urls)
+    return isinstance(urls, (Mapping, DatasetSpec)) or (
+        isinstance(urls, str) and urls.endswith((".yaml", ".yml", ".json")))
 
 
 def _is_directory(urls: object) -> bool:
@@ -352,18 +379,44 @@ class WebDataset(DataPipeline, FluidInterface):
         storage_options: Mapping[str, Any] | None = None,
         cache_revalidate: bool | None = None,
         cache_local: bool | None = None,
+        allow_pipe: bool = False,
+        epoch_mode: str | None = None,
+        remainder: str = "pad",
     ) -> None:
         super().__init__()
         _refuse_unsupported(urls, mode)
         # the composition root: the environment is read here, once, and passed down
         self.settings = settings = _cache_settings(
             Settings.from_env(), cache_dir, cache_size, cache_revalidate, cache_local)
+        self.worker_info = functools.partial(worker_info, settings)
+        if is_spec(urls):
+            from .specdataset import spec_source
+
+            self.spec, self.seed, source = spec_source(
+                urls, settings=settings, seed=seed, storage_options=storage_options or {},
+                url_to_name=url_to_name, handler=handler, select_files=select_files,
+                rename_files=rename_files, worker_info=functools.partial(worker_info, settings),
+                allow_pipe=allow_pipe)
+            self.append(source)
+            if repeat:
+                self.repeat()
+            return
         opener = ShardOpener(settings, storage_options or {}, url_to_name)
         urls = _expand_patterns(urls, settings.url_vars, opener.router)
         resampled = resampled or mode == "resampled"
-        shardshuffle = _shardshuffle_size(shardshuffle, resampled)
         self.seed, chosen = _resolve_seed(seed, settings)
         where = functools.partial(worker_info, settings)
+        if remainder != "pad" and epoch_mode is None:
+            raise ConfigError("WebDataset(remainder=...) goes with epoch_mode='exact'")
+        if epoch_mode is not None:
+            self.append(_exact_source(urls, epoch_mode, remainder, resampled,
+                                      self.seed if chosen else 0, settings, where))
+            self.append(functools.partial(opener.samples, handler=handler,
+                                          select_files=select_files, rename_files=rename_files))
+            if repeat:
+                self.repeat()
+            return
+        shardshuffle = _shardshuffle_size(shardshuffle, resampled)
         self.append(_shard_source(urls, resampled, empty_check, self.seed if chosen else None,
                                   settings.url_vars, mode, storage_options or {}))
         queue = _is_directory(urls)  # each process claims its shards: no splitting
@@ -385,11 +438,38 @@ class WebDataset(DataPipeline, FluidInterface):
         if repeat:
             self.repeat()
 
+    #: the dataset spec this dataset reads, if it was given one
+    spec: Any = None
+
+    def shuffle(self, size: int, **kw: Any) -> Any:
+        """Shuffle samples in a buffer of ``size``. For a spec the draws come from
+        ``KeyedRandom(seed, epoch, slot, SHUFFLE)`` (unless ``rng=``/``seed=`` is given), so the
+        stream stays a function of the seed, rank, worker and epoch."""
+        if self.spec is not None and size >= 1 and not kw.keys() - {"initial", "handler"}:
+            from .spec.build import SpecShuffle
+
+            return self.compose(SpecShuffle(self.pipeline[0], size, kw.get("initial", 100)))
+        return super().shuffle(size, **kw)
+
     def __enter__(self) -> WebDataset:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _exact_source(urls: Any, epoch_mode: str, remainder: str, resampled: bool, seed: int,
+                  settings: Settings, where: Callable[[], WorkerInfo]) -> ExactEpochShards:
+    """The shard source of ``epoch_mode="exact"``: it deals the shards to the slots itself,
+    so no splitter and no shard shuffle follow it."""
+    if epoch_mode != "exact":
+        raise ConfigError(f"WebDataset(epoch_mode={epoch_mode!r}): the one mode is 'exact' "
+                          "(None: webdataset's epochs)")
+    if resampled:
+        raise ConfigError("WebDataset(epoch_mode='exact') deals each shard once per epoch; "
+                          "resampled=True draws shards with replacement: choose one")
+    return ExactEpochShards(urls, seed=seed, remainder=remainder, worker_info=where,
+                            url_vars=settings.url_vars)
 
 
 def _describe(urls: object) -> str:

@@ -163,6 +163,9 @@ class Settings:
     worker: int | None = None
     num_workers: int | None = None
     url_vars: Mapping[str, str] = field(default_factory=dict)
+    #: the variables a dataset spec's ``${VAR}`` may name (all of the environment, as
+    #: webdataset's ``os.path.expandvars``); never shown, it may hold secrets
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_env(
@@ -209,4 +212,5 @@ class Settings:
             worker=_int(env, "WORKER"),
             num_workers=_int(env, "NUM_WORKERS"),
             url_vars={k[4:]: v for k, v in env.items() if k.startswith("WDS_") and len(k) > 4},
+            environ=dict(env),
         )

@@ -441,10 +441,11 @@ def resample_items(
 
 
 def shardspec(spec: str) -> SimpleShardList:
-    """A shard list from a spec string; YAML specs (``.yaml``/``.yml``) are not supported yet."""
+    """A shard list from a spec string (brace pattern); a YAML spec (``.yaml``/``.yml``) is
+    read by ``wds.MultiShardSample(path)`` (shards) or ``wds.WebDataset(path)`` (samples)."""
     if spec.endswith((".yaml", ".yml")):
         raise ConfigError(
-            f"{spec!r}: YAML shard specs (webdataset's MultiShardSample) are not supported yet; "
-            "give a brace pattern or a list of URLs"
+            f"{spec!r}: a YAML dataset spec is read by wds.MultiShardSample({spec!r}) (a stream "
+            f"of shards, webdataset's shardspec) or wds.WebDataset({spec!r}) (mixed samples)"
         )
     return SimpleShardList(spec)

@@ -1,0 +1,328 @@
+"""A dataset spec as a pipeline source: the sample-level mix, and webdataset's per-epoch lists.
+
+Layer 2: no torch, no stores. What reads shards is an argument (``read``: shard items in,
+samples out), bound by the composition root (:mod:`wds_cloud.dataset`) to the router.
+
+**The mix** (:class:`SpecMix`, a spec with weights): each slot, ``slot = rank * num_workers +
+worker``, reads every source as an endless stream of shards, a fresh permutation of the source's
+shards per pass (``KeyedRandom(seed, epoch, slot, SHARDS, i)``), so a small source never runs
+dry; the source of each output sample is drawn from ``spec.probabilities(epoch, seed)`` with
+``KeyedRandom(seed, epoch, slot, MIX)``. Samples carry ``__source__``. The stream of a slot is
+a pure function of (seed, epoch, rank, worker, num_workers), and of the shards' contents.
+
+**Counted specs** (webdataset's ``resample: k`` / ``choose: n``): :func:`epoch_shards` lists an
+epoch's shards, the same on every rank (``KeyedRandom(seed, epoch, -1, ...)``): per source ``k``
+drawn with replacement, ``n`` without, or all of them; then shuffled together.
+:class:`SpecEpochShards` deals that list to the slots; :class:`SpecShardMix` is webdataset's
+``MultiShardSample`` (the whole list, or for a weighted spec an endless shard-level mix, left to
+the pipeline's splitters).
+
+Epoch numbers come from an :class:`~wds_cloud.pipeline.epochs.EpochCounter`: ``set_epoch(e)``,
+and every new iteration advances the epoch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..pipeline.core import PipelineStage
+from ..pipeline.epochs import EpochCounter
+from ..pipeline.filters import buffer_shuffle
+from ..pipeline.rng import MIX, SHARDS, SHUFFLE, KeyedRandom
+from ..pipeline.shards import WorkerInfoSource, resolve_worker_info
+from .schema import DatasetSpec
+
+__all__ = [
+    "SpecEpochShards",
+    "SpecMix",
+    "SpecShardMix",
+    "SpecShuffle",
+    "epoch_shards",
+    "keep_extensions",
+    "source_draws",
+]
+
+log = logging.getLogger(__name__)
+
+Sample = dict[str, Any]
+#: reads shard items (``{"url": ...}``) of source ``i`` into samples
+Reader = Callable[[Iterable[dict[str, Any]], int], Iterator[Sample]]
+
+_BLOCK = 256  # source draws made at a time (the stream does not depend on it)
+
+
+def _cumulative(spec: DatasetSpec, epoch: int, seed: int) -> np.ndarray[Any, Any]:
+    probs = np.array(list(spec.probabilities(epoch, seed).values()), dtype=np.float64)
+    cumulative = np.cumsum(probs)
+    cumulative[-1] = 1.0
+    return cumulative
+
+
+def source_draws(spec: DatasetSpec, *, seed: int, epoch: int, slot: int, n: int) -> list[int]:
+    """The first ``n`` source indices the mix of ``slot`` draws in ``epoch``: exactly the
+    runtime's draws (for ``wds-cloud spec check --simulate``), with no I/O."""
+    rng = KeyedRandom(seed, epoch, slot, MIX)
+    return [int(i) for i in rng.choose(_cumulative(spec, epoch, seed), n)]
+
+
+def keep_extensions(sample: Sample, extensions: Sequence[str] | None) -> Sample:
+    """``sample`` with only the members whose extension is one of ``extensions`` (and the
+    ``__key__``-style metadata); ``None`` keeps all."""
+    if extensions is None:
+        return sample
+    wanted = set(extensions)
+    return {k: v for k, v in sample.items() if k.startswith("__") or k in wanted}
+
+
+def _passes(urls: Sequence[str], rng: KeyedRandom, what: str) -> Iterator[str]:
+    """``urls`` endlessly, a fresh permutation per pass."""
+    if not urls:
+        raise ConfigError(f"{what} has no shards")
+    while True:
+        order = list(urls)
+        rng.shuffle(order)
+        yield from order
+
+
+class _SpecSource:
+    """What the spec-driven sources share: the spec, the URLs, the seed, the epochs."""
+
+    def __init__(self, spec: DatasetSpec, urls: Sequence[Sequence[str]], *, seed: int,
+                 worker_info: WorkerInfoSource = None,
+                 epochs: EpochCounter | None = None) -> None:
+        if len(urls) != len(spec.sources):
+            raise ConfigError(f"{len(urls)} URL lists for {len(spec.sources)} sources")
+        for source, found in zip(spec.sources, urls, strict=True):
+            if not found:
+                raise ConfigError(f"{spec.origin}: {source.key} ({source.name!r}): "
+                                  f"{source.pattern!r} matches no shards")
+        self.spec = spec
+        self.urls = [list(u) for u in urls]
+        self.seed = seed
+        self.worker_info = worker_info
+        self.epochs = epochs if epochs is not None else EpochCounter()
+        #: (epoch, slot) of the iteration under way in this process, for :class:`SpecShuffle`
+        self.position: tuple[int, int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration (in every DataLoader worker) epoch ``epoch``."""
+        self.epochs.set(epoch)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.spec.origin}, {len(self.spec.sources)} sources, "
+                f"seed={self.seed})")
+
+
+class SpecMix(_SpecSource):
+    """The sample-level mix of a weighted spec (see the module docstring).
+
+    ``urls[i]``: the shard URLs of ``spec.sources[i]`` (globs listed). ``read(items, i)``
+    turns shard items of source ``i`` into samples. ``worker_info``: where this runs.
+    """
+
+    def __init__(self, spec: DatasetSpec, urls: Sequence[Sequence[str]], *, seed: int,
+                 read: Reader, worker_info: WorkerInfoSource = None,
+                 epochs: EpochCounter | None = None) -> None:
+        if spec.counted:
+            raise ConfigError(f"{spec.origin}: resample/choose specs are read as per-epoch "
+                              "shard lists (SpecEpochShards), not mixed by weight")
+        super().__init__(spec, urls, seed=seed, worker_info=worker_info, epochs=epochs)
+        self.read = read
+
+    def __iter__(self) -> Iterator[Sample]:
+        info = resolve_worker_info(self.worker_info)
+        slot = info.rank * info.num_workers + info.worker
+        epoch = self.epochs.next(info.worker)
+        self.position = (epoch, slot)
+        cumulative = _cumulative(self.spec, epoch, self.seed)
+        log.info("%s: epoch %d, slot %d (rank %d/%d, worker %d/%d), shares %s",
+                 self.spec.origin, epoch, slot, info.rank, info.world_size, info.worker,
+                 info.num_workers, self.spec.probabilities(epoch, self.seed))
+        n = len(self.spec.sources)
+        sources: list[_SourceStream | None] = [None] * n
+        takes: list[Callable[[], Sample] | None] = [None] * n  # each source's __next__
+        names = [source.name for source in self.spec.sources]
+        filtered = any(source.extensions is not None for source in self.spec.sources)
+        rng = KeyedRandom(self.seed, epoch, slot, MIX)
+        try:
+            while True:
+                draws = rng.choose(cumulative, _BLOCK)
+                for i in draws.tolist():  # the hot loop: one draw, one sample
+                    take = takes[i]
+                    if take is None:
+                        opened = sources[i] = self._source(i, epoch, slot)
+                        take = takes[i] = opened.samples.__next__
+                    try:
+                        sample = take()
+                    except StopIteration:
+                        raise ConfigError(f"{self._what(i)}: the reader stopped (its handler "
+                                          "said stop)") from None
+                    if filtered:
+                        sample = keep_extensions(sample, self.spec.sources[i].extensions)
+                    sample["__source__"] = names[i]
+                    yield sample
+                for stream, count in zip(sources, np.bincount(draws, minlength=n).tolist(),
+                                         strict=True):
+                    if count and stream is not None:
+                        stream.served += count
+        finally:
+            for stream in sources:
+                if stream is not None:
+                    close = getattr(stream.samples, "close", None)
+                    if close is not None:
+                        close()
+
+    def _what(self, i: int) -> str:
+        source = self.spec.sources[i]
+        return f"{self.spec.origin}: {source.key} ({source.name!r})"
+
+    def _source(self, i: int, epoch: int, slot: int) -> _SourceStream:
+        what = self._what(i)
+        shards = _passes(self.urls[i], KeyedRandom(self.seed, epoch, slot, SHARDS, i), what)
+        return _SourceStream(shards, len(self.urls[i]), what,
+                             lambda items: self.read(items, i))
+
+
+class _SourceStream:
+    """One source's samples (``samples``), with a guard against an endless run of empty
+    shards: the mix adds the samples it took to ``served`` after each block of draws.
+
+    The guard fires when more shards than two passes, plus the read-ahead (``lookahead``),
+    plus two blocks of draws, went by while ``served`` stood still: a block needs at most
+    ``_BLOCK`` samples, so a source that gives any never trips it.
+    """
+
+    def __init__(self, shards: Iterator[str], nshards: int, what: str,
+                 read: Callable[[Iterable[dict[str, Any]]], Iterator[Sample]],
+                 lookahead: int = 64) -> None:
+        self.shards = shards
+        self.limit = 2 * nshards + lookahead + 2 * _BLOCK
+        self.what = what
+        self.served = 0
+        self.samples = read(self._items())
+
+    def _items(self) -> Iterator[dict[str, Any]]:
+        mark, pulled = self.served, 0
+        for url in self.shards:
+            if self.served != mark:
+                mark, pulled = self.served, 0
+            pulled += 1
+            if pulled > self.limit:
+                raise ConfigError(f"{self.what}: two passes over its shards gave no samples; "
+                                  "are they empty, or all skipped by the handler?")
+            yield {"url": url}
+
+
+def epoch_shards(spec: DatasetSpec, urls: Sequence[Sequence[str]], *, seed: int,
+                 epoch: int) -> list[tuple[str, int]]:
+    """The shards of ``epoch`` of a counted spec, as ``(url, source index)``, the same on every
+    rank and worker: per source ``resample`` drawn with replacement, ``choose`` without, or
+    all; then shuffled together (webdataset's ``MultiShardSample``, with keyed draws)."""
+    items: list[tuple[str, int]] = []
+    for i, (source, found) in enumerate(zip(spec.sources, urls, strict=True)):
+        rng = KeyedRandom(seed, epoch, -1, SHARDS, i)
+        if source.resample is not None:
+            picked = [found[rng.below(len(found))] for _ in range(source.resample)]
+        elif source.choose is not None:
+            if source.choose > len(found):
+                raise ConfigError(
+                    f"{spec.origin}: {source.key}.choose: {source.choose} shards asked for, "
+                    f"but {source.pattern!r} has {len(found)}")
+            picked = rng.sample(found, source.choose)
+        else:
+            picked = list(found)
+        items += [(url, i) for url in picked]
+    KeyedRandom(seed, epoch, -1, SHUFFLE).shuffle(items)
+    return items
+
+
+class SpecEpochShards(_SpecSource):
+    """The samples of a counted spec's epoch: :func:`epoch_shards` dealt to the slots (slot
+    ``s`` of ``S = world_size * num_workers`` reads items ``s, s + S, ...``), read with
+    ``read(items, -1)``; samples carry ``__source__`` and keep only their source's
+    ``extensions``."""
+
+    def __init__(self, spec: DatasetSpec, urls: Sequence[Sequence[str]], *, seed: int,
+                 read: Reader, worker_info: WorkerInfoSource = None,
+                 epochs: EpochCounter | None = None) -> None:
+        super().__init__(spec, urls, seed=seed, worker_info=worker_info, epochs=epochs)
+        self.read = read
+
+    def __iter__(self) -> Iterator[Sample]:
+        info = resolve_worker_info(self.worker_info)
+        slots = info.world_size * info.num_workers
+        slot = info.rank * info.num_workers + info.worker
+        epoch = self.epochs.next(info.worker)
+        self.position = (epoch, slot)
+        items = epoch_shards(self.spec, self.urls, seed=self.seed, epoch=epoch)
+        if len(items) < slots:
+            log.warning("%s: epoch %d has %d shards for %d slots (%d ranks x %d workers): "
+                        "some slots read nothing", self.spec.origin, epoch, len(items), slots,
+                        info.world_size, info.num_workers)
+        mine = items[slot::slots]
+        owner = {url: i for url, i in reversed(mine)}  # the first source naming a URL
+        for sample in self.read(({"url": url} for url, _ in mine), -1):
+            i = owner.get(sample.get("__url__", ""), mine[0][1] if mine else 0)
+            source = self.spec.sources[i]
+            sample = keep_extensions(sample, source.extensions)
+            sample["__source__"] = source.name
+            yield sample
+
+
+class SpecShardMix(_SpecSource):
+    """webdataset's ``MultiShardSample``: a spec as a stream of shards ``{"url": ...,
+    "__source__": name}``, the same on every rank and worker, for the pipeline's splitters.
+
+    A counted spec yields its :func:`epoch_shards` once per epoch. A weighted spec yields an
+    endless shard-level mix: each next shard's source drawn by ``probabilities(epoch)``
+    (``KeyedRandom(seed, epoch, -1, MIX)``), its shards in a fresh permutation per pass. This
+    mixes shards, not samples: shares of samples follow only when shards hold equal numbers
+    of samples (``WebDataset(spec)`` mixes samples).
+    """
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = resolve_worker_info(self.worker_info)
+        epoch = self.epochs.next(info.worker)
+        if self.spec.counted:
+            for url, i in epoch_shards(self.spec, self.urls, seed=self.seed, epoch=epoch):
+                yield {"url": url, "__source__": self.spec.sources[i].name}
+            return
+        cumulative = _cumulative(self.spec, epoch, self.seed)
+        rng = KeyedRandom(self.seed, epoch, -1, MIX)
+        passes = [_passes(urls, KeyedRandom(self.seed, epoch, -1, SHARDS, i), source.key)
+                  for i, (source, urls) in enumerate(zip(self.spec.sources, self.urls,
+                                                         strict=True))]
+        while True:
+            for i in rng.choose(cumulative, _BLOCK).tolist():
+                yield {"url": next(passes[i]), "__source__": self.spec.sources[i].name}
+
+
+class SpecShuffle(PipelineStage):
+    """A buffer shuffle of a spec's samples drawing from ``KeyedRandom(seed, epoch, slot,
+    SHUFFLE)`` of the iteration under way (``WebDataset(spec).shuffle(n)``), so that the
+    shuffled stream, too, is a function of the seed, rank, worker and epoch."""
+
+    def __init__(self, source: SpecMix | SpecEpochShards, bufsize: int,
+                 initial: int = 100) -> None:
+        if isinstance(bufsize, bool) or not isinstance(bufsize, int) or bufsize < 1:
+            raise ConfigError(f"shuffle: bufsize must be a positive integer, got {bufsize!r}")
+        self.source = source
+        self.bufsize = bufsize
+        self.initial = initial
+
+    def run(self, src: Iterable[Sample]) -> Iterator[Sample]:
+        it = iter(src)
+        first = next(it, None)  # starts the source's iteration: its position is known then
+        if first is None:
+            return
+        if self.source.position is None:
+            raise ConfigError("SpecShuffle must follow its spec source in the pipeline")
+        epoch, slot = self.source.position
+        rng = KeyedRandom(self.source.seed, epoch, slot, SHUFFLE)
+        yield from buffer_shuffle(itertools.chain([first], it), self.bufsize, self.initial, rng)

@@ -1,0 +1,266 @@
+"""Dataset specs: parse and validate a YAML/JSON file or a dict into a frozen
+:class:`DatasetSpec`.
+
+Layer 2: stdlib, pyyaml and braceexpand; no I/O but reading the spec file itself (bucket globs
+are listed later, by the composition root). The format (README, "Dataset specs")::
+
+    prefix: s3://bucket/            # joined to relative shard patterns
+    seed: 1234                      # argument > WDS_SEED > spec > random
+    storage_options: {s3: {...}}    # defaults for every source, per scheme
+    datasets:
+      - name: ia1                   # unique; default from the pattern
+        shards: ia1-{000000..000033}.tar   # brace pattern, list, or bucket glob
+        weight: 0.3                 # relative share in the mix (default 1)
+        scale: [0.4, 1.0]           # scalar or [lo, hi]: a factor drawn per epoch
+        extensions: nrm.jpg txt     # keep only these members of each sample
+        storage_options: {...}      # per-source override
+        resample: 10                # webdataset: 10 shards with replacement per epoch
+        choose: 5                   # webdataset: 5 shards without replacement per epoch
+
+Aliases, normalized at load (:data:`ALIASES`): ``dataset``, ``blend`` (Megatron-Energon),
+``streams`` (Mosaic; a list, or a map of name to source) for ``datasets``; ``scaleprob``
+(webdataset's docs), ``prob``, ``proportion`` (Mosaic) for ``weight``; ``urls``, ``path`` for
+``shards``; webdataset's ``buckets`` (top level or per source, one bucket) is joined between
+the prefix and the pattern. ``${VAR}`` in string values comes from ``environ``.
+
+Every error is a :class:`~wds_cloud.errors.SpecError` whose message starts with the file
+and the key path (``config/x.yaml: datasets[2].scale: ...``); ``pipe:`` shards are refused
+with :class:`~wds_cloud.errors.UnsafeURLError` unless ``allow_pipe``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import braceexpand
+
+from ..errors import SpecError, UnsafeURLError
+
+__all__ = ["ALIASES", "DatasetSpec", "SourceSpec", "load_spec"]
+
+#: alias -> canonical key, at the top level and in a source
+ALIASES = {
+    "top": {"dataset": "datasets", "blend": "datasets", "streams": "datasets"},
+    "source": {"scaleprob": "weight", "prob": "weight", "proportion": "weight",
+               "urls": "shards", "path": "shards"},
+}
+TOP_KEYS = ("prefix", "seed", "storage_options", "datasets", "buckets")
+SOURCE_KEYS = ("name", "shards", "weight", "scale", "extensions", "storage_options",
+               "resample", "choose", "buckets")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_GLOB = re.compile(r"[*?\[]")
+_ABSOLUTE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:|/|-$)")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source of a spec (see the module docstring); ``urls`` are brace-expanded, a glob
+    stays one entry; ``key`` is its key path for messages (``datasets[2]``)."""
+
+    name: str
+    pattern: str
+    urls: tuple[str, ...]
+    weight: float = 1.0
+    scale: tuple[float, float] = (1.0, 1.0)
+    extensions: tuple[str, ...] | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    resample: int | None = None
+    choose: int | None = None
+    key: str = ""
+
+    @property
+    def has_glob(self) -> bool:
+        """Whether some shard entry is a glob, listed when the dataset is built."""
+        return any(_GLOB.search(u) for u in self.urls)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A validated dataset spec: load it with :meth:`from_yaml`, :meth:`from_json`,
+    :meth:`from_dict` or :func:`load_spec`; read it with ``WebDataset(spec)`` or
+    :meth:`to_pipeline`."""
+
+    sources: tuple[SourceSpec, ...]
+    seed: int | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    origin: str = "<dict>"
+
+    @property
+    def counted(self) -> bool:
+        """Whether sources give shard counts per epoch (``resample``/``choose``, webdataset's
+        ``MultiShardSample``) rather than weights of a mix."""
+        return any(s.resample is not None or s.choose is not None for s in self.sources)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
+                  allow_pipe: bool = False) -> DatasetSpec:
+        """Load a YAML spec file."""
+        import yaml
+
+        text = _read(path)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            raise SpecError(f"{os.fspath(path)}: not valid YAML{where}: "
+                            f"{getattr(exc, 'problem', None) or exc}") from exc
+        return cls.from_dict(data, origin=os.fspath(path), environ=environ,
+                             allow_pipe=allow_pipe)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
+                  allow_pipe: bool = False) -> DatasetSpec:
+        """Load a JSON spec file."""
+        try:
+            data = json.loads(_read(path))
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"{os.fspath(path)}: not valid JSON (line {exc.lineno}, column "
+                            f"{exc.colno}): {exc.msg}") from exc
+        return cls.from_dict(data, origin=os.fspath(path), environ=environ,
+                             allow_pipe=allow_pipe)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, origin: str = "<dict>",
+                  environ: Mapping[str, str] | None = None,
+                  allow_pipe: bool = False) -> DatasetSpec:
+        """Validate a spec given as a dict (as YAML or JSON would load it)."""
+        from .parse import parse
+
+        return parse(data, origin=origin, environ=environ, allow_pipe=allow_pipe)
+
+    # ------------------------------------------------------------------ shares
+    def scale_factors(self, epoch: int, seed: int) -> tuple[float, ...]:
+        """Each source's scale factor in ``epoch``: ``lo`` when ``lo == hi``, else drawn from
+        ``KeyedRandom(seed, epoch, -1, SCALE, i)``: the same on every rank and worker."""
+        from ..pipeline.rng import SCALE, KeyedRandom
+
+        return tuple(lo if lo == hi else KeyedRandom(seed, epoch, -1, SCALE, i).uniform(lo, hi)
+                     for i, (lo, hi) in enumerate(s.scale for s in self.sources))
+
+    def probabilities(self, epoch: int = 0, seed: int | None = None) -> dict[str, float]:
+        """Each source's share of the samples in ``epoch``: ``weight * scale(epoch)`` over the
+        sum across sources (``seed``: default the spec's, else 0)."""
+        self._weighted("probabilities")
+        seed = (self.seed or 0) if seed is None else seed
+        raw = [s.weight * f for s, f in zip(self.sources, self.scale_factors(epoch, seed),
+                                            strict=True)]
+        total = sum(raw)
+        return {s.name: r / total for s, r in zip(self.sources, raw, strict=True)}
+
+    def probability_bounds(self) -> dict[str, tuple[float, float, float]]:
+        """Each source's ``(min, expected, max)`` share over the scale ranges: min with its own
+        scale low and the others' high, max the other way round, expected at the midpoints."""
+        self._weighted("probability_bounds")
+        lo = [s.weight * s.scale[0] for s in self.sources]
+        hi = [s.weight * s.scale[1] for s in self.sources]
+        mid = [(a + b) / 2 for a, b in zip(lo, hi, strict=True)]
+        out = {}
+        for i, s in enumerate(self.sources):
+            least = lo[i] / (lo[i] + sum(hi) - hi[i]) if lo[i] else 0.0
+            most = hi[i] / (hi[i] + sum(lo) - lo[i]) if hi[i] else 0.0
+            out[s.name] = (least, mid[i] / sum(mid), most)
+        return out
+
+    def _weighted(self, what: str) -> None:
+        if self.counted:
+            raise SpecError(f"{self.origin}: {what}() is for weighted specs; this one counts "
+                            "shards per epoch (resample/choose), so its shares follow the counts")
+
+    # ------------------------------------------------------------------ use
+    def describe(self) -> dict[str, Any]:
+        """The spec in canonical keys, aliases resolved (``wds-cloud spec check``)."""
+        sources = []
+        for s in self.sources:
+            entry: dict[str, Any] = {"name": s.name, "shards": s.pattern, "weight": s.weight,
+                                     "scale": list(s.scale)}
+            if s.extensions is not None:
+                entry["extensions"] = list(s.extensions)
+            if s.storage_options:
+                entry["storage_options"] = {k: sorted(v) for k, v in s.storage_options.items()}
+            for name in ("resample", "choose"):
+                if getattr(s, name) is not None:
+                    entry[name] = getattr(s, name)
+            sources.append(entry)
+        return {"origin": self.origin, "seed": self.seed, "datasets": sources}
+
+    def to_pipeline(self, **kw: Any) -> Any:
+        """``WebDataset(self, **kw)``: the mix as a pipeline to add stages to."""
+        from ..dataset import WebDataset
+
+        return WebDataset(self, **kw)
+
+
+def _read(path: str | os.PathLike[str]) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{os.fspath(path)}: cannot read the spec: "
+                        f"{exc.strerror or exc}") from exc
+
+
+def load_spec(spec: Any, *, environ: Mapping[str, str] | None = None,
+              allow_pipe: bool = False) -> DatasetSpec:
+    """A :class:`DatasetSpec` from a ``.yaml``/``.yml``/``.json`` path, a dict, or a spec."""
+    if isinstance(spec, DatasetSpec):
+        return spec
+    if isinstance(spec, Mapping):
+        return DatasetSpec.from_dict(spec, environ=environ, allow_pipe=allow_pipe)
+    if isinstance(spec, (str, os.PathLike)):
+        path = os.fspath(spec)
+        if path.endswith(".json"):
+            return DatasetSpec.from_json(path, environ=environ, allow_pipe=allow_pipe)
+        if path.endswith((".yaml", ".yml")):
+            return DatasetSpec.from_yaml(path, environ=environ, allow_pipe=allow_pipe)
+    raise SpecError(f"cannot load a dataset spec from {spec!r}: give a .yaml/.yml/.json path, "
+                    "a dict or a DatasetSpec")
+
+
+def close_key(key: str, known: tuple[str, ...], aliases: Mapping[str, str]) -> str:
+    """``"; did you mean 'x'?"`` for an unknown ``key``, or ``""``."""
+    found = difflib.get_close_matches(key, [*known, *aliases], n=1)
+    return f"; did you mean {found[0]!r}?" if found else ""
+
+
+def expand_vars(text: str, environ: Mapping[str, str], where: str) -> str:
+    """``text`` with each ``${VAR}`` replaced from ``environ`` (a SpecError names ``where``)."""
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise SpecError(f"{where}: ${{{name}}} is not set in the environment")
+        return environ[name]
+
+    return _VAR.sub(value, text)
+
+
+def join_pattern(prefix: str, bucket: str, pattern: str) -> str:
+    """webdataset's join: ``prefix + os.path.join(bucket, pattern)`` for a relative pattern;
+    a URL with a scheme or an absolute path is taken as is."""
+    if _ABSOLUTE.match(pattern):
+        return pattern
+    return prefix + (os.path.join(bucket, pattern) if bucket else pattern)
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """The URLs of a brace pattern (a glob stays one entry, listed later)."""
+    return list(braceexpand.braceexpand(pattern))
+
+
+def refuse_pipe(urls: list[str], where: str, allow_pipe: bool) -> None:
+    """:class:`UnsafeURLError` for a ``pipe:`` URL unless allowed."""
+    if allow_pipe:
+        return
+    for url in urls:
+        if url.startswith("pipe:"):
+            raise UnsafeURLError(
+                f"{where}: {url[:60]!r} is a pipe: URL, which runs a shell command; a spec may "
+                "name one only when the caller allows it (WebDataset(spec, allow_pipe=True), "
+                "DatasetSpec.from_yaml(path, allow_pipe=True))")
