@@ -60,6 +60,24 @@ def test_demo_prints_a_throughput_line(tmp_path: Path) -> None:
         "demo-000000.tar", "demo-000001.tar"]
 
 
+def test_demo_through_the_example_spec(tmp_path: Path) -> None:
+    """config/demo-mix.yaml, as the README runs it: three sources (a brace pattern, a list, a
+    bucket glob) mixed by weight, each epoch's observed shares next to the expected ones."""
+    spec = Path(__file__).resolve().parents[2] / "config" / "demo-mix.yaml"
+    out = cli("demo", "--dir", str(tmp_path / "s3"), "--per-shard", "200", "--batch-size",
+              "20", "--workers", "2", "--spec", str(spec), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "sources head, middle, tail" in out.stdout
+    shares = [line for line in out.stdout.splitlines() if line.startswith("shares:")]
+    assert len(shares) == 2 and shares[0] != shares[1]  # a scale drawn anew each epoch
+    for line in shares:
+        for part in line.removeprefix("shares: ").split(", "):
+            got, want = (float(x.rstrip("%)")) for x in
+                         part.split(" ", 1)[1].replace("(expected ", "").split())
+            assert abs(got - want) < 5, line  # 1,600 samples per epoch
+    assert "Traceback" not in out.stderr, out.stderr
+
+
 def test_demo_on_local_disk(tmp_path: Path) -> None:
     out = cli("demo", "--local", "--dir", str(tmp_path), "--shards", "2", "--per-shard", "50",
               "--workers", "0", "--epochs", "1", cwd=tmp_path)

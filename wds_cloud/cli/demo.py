@@ -26,6 +26,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--per-shard", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--spec", metavar="FILE",
+                   help="read the dataset back through a dataset spec over s3://demo/train/ "
+                   "(e.g. config/demo-mix.yaml): a mix of sources, with each epoch's shares")
     p.set_defaults(func=cmd_demo)
 
 
@@ -52,6 +55,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         root = Path(args.dir) if args.dir else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         if args.local:
+            if args.spec:
+                raise SystemExit("wds-cloud demo: --spec reads s3://demo/train/; leave out "
+                                 "--local")
             return _demo_run(args, str(root / "demo-%06d.tar"), str(root / "demo-*.tar"), None)
         from ..testing.locals3 import LocalS3Server
 
@@ -67,6 +73,8 @@ def _demo_run(args: argparse.Namespace, pattern: str, glob: str, options: Any) -
     urls = make_demo_shards(pattern, shards=args.shards, per_shard=args.per_shard,
                             storage_options=options)
     print(f"wrote {len(urls)} shards of {args.per_shard} samples to {pattern % 0} ...")
+    if args.spec:
+        return _demo_spec(args, options)
     dataset = (wds.WebDataset(glob, shardshuffle=False, nodesplitter=wds.split_by_node,
                               storage_options=options)
                .decode().to_tuple("npy", "cls").batched(args.batch_size))
@@ -78,4 +86,34 @@ def _demo_run(args: argparse.Namespace, pattern: str, glob: str, options: Any) -
         progress.close()
         print(f"throughput: {progress.summary()} (epoch {epoch}, {args.workers} workers, "
               f"batch size {args.batch_size}, from {glob})")
+    return 0
+
+
+def _demo_spec(args: argparse.Namespace, options: Any) -> int:
+    """The job over a dataset spec: an endless mix, cut into epochs of as many samples as the
+    dataset has, each worker taking its share."""
+    from collections import Counter
+
+    dataset = wds.WebDataset(args.spec, storage_options=options)
+    workers = max(args.workers, 1)
+    per_worker = args.shards * args.per_shard // args.batch_size // workers
+    pipeline = (dataset.decode().to_tuple("npy", "cls", "__source__")
+                .batched(args.batch_size).with_epoch(per_worker))
+    loader = wds.WebLoader(pipeline, batch_size=None, num_workers=args.workers)
+    print(f"spec {args.spec}: seed {dataset.seed}, sources "
+          f"{', '.join(s.name for s in dataset.spec.sources)}")
+    for epoch in range(args.epochs):
+        progress = Progress(f"epoch {epoch}", enabled=not args.quiet)
+        seen: Counter[str] = Counter()
+        for images, labels, sources in loader:
+            seen.update(sources)
+            progress.update(len(labels), int(images.nbytes))
+        progress.close()
+        total = sum(seen.values())
+        want = dataset.spec.probabilities(epoch, dataset.seed)
+        shares = ", ".join(f"{name} {seen[name] / total:.1%} (expected {p:.1%})"
+                           for name, p in want.items())
+        print(f"throughput: {progress.summary()} (epoch {epoch}, {args.workers} workers, "
+              f"batch size {args.batch_size}, from {args.spec})")
+        print(f"shares: {shares}")
     return 0

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import wds_cloud as wds
 
-from . import bench, cache, demo, inspect, pack
+from . import bench, cache, demo, inspect, pack, spec
 
 __all__ = ["build_parser", "main"]
 
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (inspect, bench, pack, demo, cache):
+    for command in (inspect, bench, pack, demo, cache, spec):
         command.add_parser(sub)
     return parser
 

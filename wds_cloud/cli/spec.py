@@ -1,0 +1,293 @@
+"""``wds-cloud spec check FILE``: validate a dataset spec and show what an epoch of it reads.
+
+Loads the spec (``${VAR}`` from the environment; ``pipe:`` refused unless ``--allow-pipe``),
+then for each source lists its shards (globs through the router, brace lists looked up with one
+listing per directory: :func:`wds_cloud.listing.shard_sizes`), reads its smallest shard to count
+samples, and prints one row per source (:mod:`.specreport` computes the numbers), warnings, and
+with ``--simulate`` the shares the mixing RNG draws. ``--no-list`` skips all I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, UnsafeURLError, WdsCloudError
+from ..settings import Settings
+from ..urls import redact
+from .specreport import (
+    Found,
+    Shape,
+    rows_of,
+    simulate,
+    simulation_lines,
+    table_lines,
+    warnings_of,
+)
+
+if TYPE_CHECKING:
+    from ..listing import Listings
+    from ..spec import DatasetSpec, SourceSpec
+
+__all__ = ["add_parser", "cmd_spec"]
+
+OK, INVALID, UNREACHABLE = 0, 1, 2
+_SHOWN = 3  # missing URLs named in a message
+
+_CHECK = """\
+Validate a dataset spec (YAML or JSON) and show, per source: shards found, bytes, weight,
+scale, share (min / expected / max over the scale ranges, and realized in epoch 0), samples
+(estimated from the source's smallest shard, scaled by bytes), and per epoch the expected
+samples, passes over the source, GET requests and bytes read; then warnings. A spec with
+resample/choose (counted) shows shards per epoch instead of shares.
+
+Per-epoch numbers need --batch-size and --epoch-batches (per rank); --world-size and --workers
+give the slots (ranks x DataLoader workers). --simulate S runs only the mixing RNG: S draws in
+every slot in epoch 0, no I/O, observed next to realized shares.
+
+Shards are listed where they will be read from (rewrite rules, AIStore), with the spec's
+storage_options: globs through the router, brace lists with one listing per directory (one
+metadata request per shard for up to 3); http(s) and pipe: sizes are not looked up. GET
+requests and bytes read count whole shards (an upper bound). If a source cannot be listed
+or read, the table (with its shares) is still printed, then the errors, and the exit status
+is 2. --no-list skips all I/O: the shares, and counts of brace patterns, from the spec alone
+(e.g. for shards not reachable from here).
+
+exit status: 0 ok; 1 invalid spec (the message names the file and key); 2 shards unreachable,
+missing or unmatched (the message names the source and URL)."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``spec`` and ``spec check`` on the ``wds-cloud`` subparsers ``sub``."""
+    parser = sub.add_parser("spec", help="check a dataset spec (YAML/JSON)",
+                            description="Work with dataset specs (YAML/JSON).")
+    actions = parser.add_subparsers(dest="spec_command", required=True, metavar="COMMAND")
+    p = actions.add_parser("check", help="validate a spec; per source: shards, bytes, shares, "
+                           "per-epoch reads; warnings", description=_CHECK,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", metavar="FILE", help="the spec: .yaml, .yml or .json")
+    p.add_argument("--world-size", type=_positive, default=1, metavar="R",
+                   help="ranks (default 1)")
+    p.add_argument("--workers", type=_count, default=1, metavar="W",
+                   help="DataLoader workers per rank (default 1; 0 counts as 1 slot)")
+    p.add_argument("--batch-size", type=_positive, metavar="B", help="samples per batch")
+    p.add_argument("--epoch-batches", type=_positive, metavar="N",
+                   help="batches per rank per epoch (with_epoch(nbatches=N))")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object: spec, sources, warnings, simulation, errors")
+    p.add_argument("--simulate", type=_positive, metavar="S",
+                   help="draw S samples' sources per slot with the mixing RNG (no I/O)")
+    p.add_argument("--seed", type=int, metavar="N",
+                   help="seed (default: WDS_SEED, else the spec's seed, else 0)")
+    p.add_argument("--allow-pipe", action="store_true", help="accept pipe: URLs in the spec")
+    p.add_argument("--no-list", action="store_true",
+                   help="no I/O: do not list or read shards (shares from the spec alone)")
+    parser.set_defaults(func=cmd_spec)
+
+
+def cmd_spec(args: argparse.Namespace) -> int:
+    """Run ``wds-cloud spec check``; the exit status."""
+    from ..spec import load_spec
+
+    settings = Settings.from_env()
+    try:
+        spec = load_spec(args.file, environ=settings.environ, allow_pipe=args.allow_pipe)
+    except (ConfigError, UnsafeURLError) as exc:
+        return _invalid(str(exc), hint=isinstance(exc, UnsafeURLError))
+    except OSError as exc:  # the file itself
+        return _invalid(f"cannot read {args.file}: {exc.strerror or exc}")
+    seed, seed_from = _seed(args.seed, settings, spec)
+    shape = Shape(args.world_size, args.workers, args.batch_size, args.epoch_batches)
+    found = [Found() for _ in spec.sources]
+    invalid: list[str] = []
+    errors: list[str] = []
+    if not args.no_list:
+        found, invalid, errors = _probe_all(spec, settings, quiet=args.quiet or args.json)
+    rows = rows_of(spec, found, shape, seed)
+    warnings = warnings_of(spec, rows, shape)
+    sim = None
+    if args.simulate:
+        if spec.counted:
+            warnings.append("--simulate: a counted spec (resample/choose) reads per-epoch "
+                            "shard lists and draws no sources per sample: nothing to simulate")
+        else:
+            sim = simulate(spec, seed=seed, slots=shape.slots, n=args.simulate)
+    if args.json:
+        print(json.dumps({
+            "spec": spec.describe(), "seed": seed, "seed_from": seed_from,
+            "shape": {"world_size": shape.world_size, "workers": shape.workers,
+                      "slots": shape.slots, "batch_size": shape.batch_size,
+                      "epoch_batches": shape.epoch_batches, "samples_per_epoch": shape.samples},
+            "sources": rows, "warnings": warnings, "simulation": sim, "errors": invalid + errors,
+        }, indent=2, default=str))
+    else:
+        _print_report(spec, rows, warnings, sim, shape, seed, seed_from, listed=not args.no_list)
+    for message in invalid + errors:
+        print(f"wds-cloud spec check: {message}", file=sys.stderr)
+    return INVALID if invalid else UNREACHABLE if errors else OK
+
+
+def _invalid(message: str, *, hint: bool = False) -> int:
+    print(f"wds-cloud spec check: invalid spec: {message}", file=sys.stderr)
+    if hint:
+        print("wds-cloud spec check: pass --allow-pipe if the spec is trusted", file=sys.stderr)
+    return INVALID
+
+
+def _seed(seed: int | None, settings: Settings, spec: DatasetSpec) -> tuple[int, str]:
+    """The seed the job would use (argument > WDS_SEED > spec), and where it came from; 0
+    stands in when none is given (the job would then draw one at random)."""
+    if seed is not None:
+        return seed, "--seed"
+    if settings.seed is not None:
+        return settings.seed, "WDS_SEED"
+    if spec.seed is not None:
+        return spec.seed, "the spec"
+    return 0, "none given: 0 shown; a job without a seed draws one at random"
+
+
+class _Steps:
+    """A tqdm progress bar on stderr while listing and reading, only on a tty."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="step", file=sys.stderr, leave=False,
+                        disable=not (enabled and sys.stderr.isatty()))
+
+    def step(self, what: str) -> None:
+        self.bar.set_description(what[:40], refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _probe_all(spec: DatasetSpec, settings: Settings, *,
+               quiet: bool) -> tuple[list[Found], list[str], list[str]]:
+    """List and sample every source: (found per source, spec errors, I/O errors)."""
+    steps = _Steps(2 * len(spec.sources), enabled=not quiet)
+    listings: Listings = {}  # sources in one directory share its listing
+    found: list[Found] = []
+    invalid: list[str] = []
+    errors: list[str] = []
+    try:
+        for source in spec.sources:
+            where = (f"source {source.name!r} ({spec.origin}: {source.key}, "
+                     f"{redact(source.pattern)!r})")
+            got = Found()
+            try:
+                _probe(spec, source, settings, got, steps, listings)
+            except ConfigError as exc:
+                got.error = str(exc)
+                invalid.append(f"invalid spec: {where}: {exc}")
+            except (WdsCloudError, OSError) as exc:
+                got.error = str(exc)
+                errors.append(f"{where}: {exc}")
+            else:
+                if got.urls is not None and not got.urls:
+                    got.error = "no shards found"
+                    errors.append(f"{where}: {got.error}")
+                elif got.missing:
+                    shown = ", ".join(repr(u) for u in got.missing[:_SHOWN])
+                    more = len(got.missing) - _SHOWN
+                    got.error = (f"{len(got.missing)} of {len(source.urls)} shards not "
+                                 f"found: {shown}"
+                                 + (f" and {more} more" if more > 0 else ""))
+                    errors.append(f"{where}: {got.error}")
+            found.append(got)
+    finally:
+        steps.close()
+    return found, invalid, errors
+
+
+def _options(spec: DatasetSpec, source: SourceSpec) -> dict[str, dict[str, Any]]:
+    """The storage options of ``source``: the spec's, then the source's, per scheme and key
+    (as ``WebDataset(spec)`` merges them)."""
+    out: dict[str, dict[str, Any]] = {}
+    for layer in (spec.storage_options, source.storage_options):
+        for scheme, options in layer.items():
+            out.setdefault(scheme, {}).update(options)
+    return out
+
+
+def _probe(spec: DatasetSpec, source: SourceSpec, settings: Settings, got: Found,
+           steps: _Steps, listings: Listings) -> None:
+    """Fill ``got``: list ``source``'s shards, then count the samples of its smallest."""
+    import wds_cloud as wds
+
+    from ..listing import shard_sizes
+    from ..router import Router, expand_glob
+
+    options = _options(spec, source)
+    router = Router(settings, options)
+    urls = expand_glob(list(source.urls), router=router)
+    sizes = shard_sizes(urls, router=router, listings=listings)
+    got.sizes = sizes
+    got.missing = [u for u in urls if u not in sizes]
+    got.urls = [u for u in urls if u in sizes]
+    steps.step(f"listed {source.name}")
+    if got.missing or not got.urls:
+        steps.step(f"skipped {source.name}")
+        return
+    known = [u for u in got.urls if sizes[u] is not None]
+    smallest = min(known, key=lambda u: (sizes[u], u)) if known else got.urls[0]
+    pipeline = wds.DataPipeline(
+        wds.SimpleShardList([smallest]),
+        wds.tarfile_to_samples(storage_options=options, settings=settings))
+    got.shard_read = smallest
+    got.samples_read = sum(1 for _ in pipeline)
+    steps.step(f"read {source.name}")
+
+
+def _print_report(spec: DatasetSpec, rows: Sequence[dict[str, Any]], warnings: list[str],
+                  sim: dict[str, Any] | None, shape: Shape, seed: int, seed_from: str, *,
+                  listed: bool) -> None:
+    mode = ("counted: per-epoch shard lists (resample/choose)" if spec.counted
+            else "weighted mix")
+    print(f"spec: {spec.origin}: {len(spec.sources)} source(s), {mode}")
+    print(f"seed: {seed} ({seed_from})")
+    where = (f"{shape.world_size} rank(s) x {max(shape.workers, 1)} worker(s) = "
+             f"{shape.slots} slot(s)")
+    if shape.samples is not None:
+        print(f"epoch: {where}; {shape.epoch_batches:,} batches x {shape.batch_size} per rank"
+              f" = {shape.samples:,} samples")
+    else:
+        print(f"epoch: {where}; length not given (--batch-size and --epoch-batches give the "
+              "per-epoch numbers)")
+    if not listed:
+        print("shards: not listed (--no-list): counts from brace patterns only, no sizes")
+    print()
+    for line in table_lines(spec, rows):
+        print(line)
+    if warnings:
+        print()
+        for warning in warnings:
+            print(f"warning: {warning}")
+    if sim is not None:
+        print()
+        for line in simulation_lines(sim):
+            print(line)

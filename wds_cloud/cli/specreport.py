@@ -1,0 +1,271 @@
+"""The numbers of ``wds-cloud spec check``: one row per source, warnings, the mixing simulation,
+and their plain-text table. No I/O here: what the listing and the one shard read per source
+found comes in as :class:`Found`.
+
+Estimates, per source (``share``: its expected share, with each ``scale`` at its midpoint):
+
+- samples in the source: the samples of the one shard read (the smallest) scaled by bytes
+  (``count * bytes / smallest``), or by the number of shards where sizes are unknown;
+- expected samples per epoch: ``share * world_size * epoch_batches * batch_size`` (a weighted
+  mix), or ``shards per epoch * samples per shard`` (a counted spec: ``resample``/``choose``);
+- passes: expected samples per epoch / samples in the source;
+- GET requests per epoch: the shards opened; in a mix every slot (rank x worker) reads its own
+  stream of every source, so ``slots * ceil(samples per slot / samples per shard)``;
+- bytes read per epoch: GET requests * the mean shard size (whole shards: an upper bound).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..settings import human_size
+from ..urls import redact
+
+if TYPE_CHECKING:
+    from ..spec import DatasetSpec, SourceSpec
+
+__all__ = ["Found", "Shape", "rows_of", "simulate", "simulation_lines",
+           "table_lines", "warnings_of"]
+
+TINY = 0.01  # an expected share under this is worth a warning
+
+
+@dataclass
+class Found:
+    """What listing a source and reading one of its shards found; ``urls`` None: not listed."""
+
+    urls: list[str] | None = None
+    sizes: dict[str, int | None] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    shard_read: str | None = None
+    samples_read: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The job the spec is checked for: ranks, DataLoader workers per rank, and per rank the
+    batch size and batches per epoch (None: not given)."""
+
+    world_size: int = 1
+    workers: int = 1
+    batch_size: int | None = None
+    epoch_batches: int | None = None
+
+    @property
+    def slots(self) -> int:
+        """Streams read at once: ranks x workers (workers=0 reads in the rank's process)."""
+        return self.world_size * max(self.workers, 1)
+
+    @property
+    def samples(self) -> int | None:
+        """Samples per epoch over all ranks, when the epoch length is given."""
+        if self.batch_size is None or self.epoch_batches is None:
+            return None
+        return self.world_size * self.epoch_batches * self.batch_size
+
+
+def _shards(source: SourceSpec, found: Found) -> int | None:
+    if found.urls is not None:
+        return len(found.urls)
+    return None if source.has_glob else len(source.urls)
+
+
+def _bytes(found: Found) -> int | None:
+    if found.urls is None or not found.urls or any(found.sizes.get(u) is None
+                                                   for u in found.urls):
+        return None
+    return sum(int(found.sizes[u] or 0) for u in found.urls)
+
+
+def _samples(found: Found, nbytes: int | None, shards: int | None) -> int | None:
+    """Samples in the source, estimated from the one shard read."""
+    if found.samples_read is None or found.shard_read is None or not shards:
+        return None
+    size = found.sizes.get(found.shard_read)
+    if nbytes is not None and size:
+        return round(found.samples_read * nbytes / size)
+    return found.samples_read * shards
+
+
+def _per_epoch(source: SourceSpec, shards: int | None) -> int | None:
+    """A counted spec's shards per epoch from this source."""
+    if source.resample is not None:
+        return source.resample
+    if source.choose is not None:
+        return source.choose
+    return shards
+
+
+def rows_of(spec: DatasetSpec, found: Sequence[Found], shape: Shape,
+            seed: int) -> list[dict[str, Any]]:
+    """One row (a JSON-able dict) per source; None where a number cannot be known."""
+    bounds = {} if spec.counted else spec.probability_bounds()
+    realized = {} if spec.counted else spec.probabilities(0, seed)
+    rows = []
+    for source, got in zip(spec.sources, found, strict=True):
+        shards = _shards(source, got)
+        nbytes = _bytes(got)
+        samples = _samples(got, nbytes, shards)
+        per_shard = samples / shards if samples is not None and shards else None
+        row: dict[str, Any] = {
+            "name": source.name, "key": source.key, "pattern": redact(source.pattern),
+            "listed": got.urls is not None, "shards": shards,
+            "missing": [redact(u) for u in got.missing], "bytes": nbytes,
+            "weight": source.weight, "scale": list(source.scale),
+            "shard_read": redact(got.shard_read) if got.shard_read else None,
+            "samples_in_shard_read": got.samples_read, "samples": samples,
+            "samples_per_shard": per_shard, "error": got.error,
+        }
+        mean = nbytes / shards if nbytes is not None and shards else None
+        if spec.counted:
+            per_epoch = _per_epoch(source, shards)
+            row["probability"] = None
+            row["shards_per_epoch"] = per_epoch
+            expected = per_epoch * per_shard if per_epoch is not None and per_shard else None
+            gets = per_epoch
+        else:
+            low, share, high = bounds[source.name]
+            row["probability"] = {"min": low, "expected": share, "max": high,
+                                  "epoch0": realized[source.name]}
+            row["shards_per_epoch"] = None
+            expected = share * shape.samples if shape.samples is not None else None
+            gets = None
+            if expected is not None and per_shard:
+                per_slot = expected / shape.slots
+                gets = shape.slots * math.ceil(per_slot / per_shard) if expected > 0 else 0
+        row["expected_samples"] = expected
+        row["passes"] = expected / samples if expected is not None and samples else None
+        row["gets"] = gets
+        row["bytes_read"] = round(gets * mean) if gets is not None and mean is not None else None
+        rows.append(row)
+    return rows
+
+
+def warnings_of(spec: DatasetSpec, rows: Sequence[dict[str, Any]], shape: Shape) -> list[str]:
+    """What deserves a second look: sources repeated within an epoch, fewer shards than slots,
+    tiny shares, sizes that could not be known. (Weights in a counted spec are no warning:
+    the schema refuses them.)"""
+    out: list[str] = []
+    slots = f"{shape.slots} slots ({shape.world_size} rank(s) x {max(shape.workers, 1)} " \
+            "worker(s))"
+    for row in rows:
+        name = row["name"]
+        if row["passes"] is not None and row["passes"] > 1:
+            out.append(f"{name}: read {row['passes']:.1f} times per epoch (about "
+                       f"{row['expected_samples']:,.0f} samples expected from about "
+                       f"{row['samples']:,} in the source): its samples repeat within an epoch")
+        if not spec.counted and row["shards"] is not None and 0 < row["shards"] < shape.slots:
+            out.append(f"{name}: {row['shards']} shard(s) for {slots}: every slot reads every "
+                       "source, so slots read the same shards at the same time; split the "
+                       "source into more shards")
+        share = row["probability"]["expected"] if row["probability"] else None
+        if share is not None and share == 0:
+            out.append(f"{name}: weight 0: it is never read")
+        elif share is not None and share < TINY:
+            out.append(f"{name}: expected share {share:.2%} is under {TINY:.0%}: is the weight "
+                       f"{row['weight']:g} meant?")
+        if row["listed"] and row["shards"] and row["bytes"] is None and not row["error"]:
+            out.append(f"{name}: shard sizes are unknown for {row['pattern'].split(':')[0]}: "
+                       "URLs without reading them; samples estimated as the shard read times "
+                       "the number of shards")
+    if spec.counted:
+        total = sum(r["shards_per_epoch"] or 0 for r in rows)
+        if all(r["shards_per_epoch"] is not None for r in rows) and total < shape.slots:
+            out.append(f"an epoch has {total} shard(s) for {slots}: some slots read nothing")
+    return out
+
+
+def simulate(spec: DatasetSpec, *, seed: int, slots: int, n: int) -> dict[str, Any]:
+    """Run only the mixing RNG: ``n`` source draws in each of ``slots`` slots in epoch 0
+    (exactly the runtime's draws, no I/O); observed shares next to the realized ones."""
+    from ..spec.build import source_draws
+
+    counts: Counter[int] = Counter()
+    for slot in range(slots):
+        counts.update(source_draws(spec, seed=seed, epoch=0, slot=slot, n=n))
+    realized = spec.probabilities(0, seed)
+    total = n * slots
+    observed = [counts[i] / total if total else 0.0 for i in range(len(spec.sources))]
+    sources = [{"name": s.name, "realized": realized[s.name], "observed": observed[i],
+                "count": counts[i]} for i, s in enumerate(spec.sources)]
+    worst = max((abs(observed[i] - realized[s.name]) for i, s in enumerate(spec.sources)),
+                default=0.0)
+    return {"epoch": 0, "seed": seed, "slots": slots, "samples_per_slot": n, "samples": total,
+            "sources": sources, "max_difference": worst}
+
+
+def _count(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.0f}"
+
+
+def _size(value: int | None) -> str:
+    return "?" if value is None else human_size(value)
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.2f}%"
+
+
+def _scale(scale: Sequence[float]) -> str:
+    lo, hi = scale
+    return f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"
+
+
+def _line(cells: Sequence[str], widths: Sequence[int], left: set[int]) -> str:
+    return "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                     for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+
+def _table(header: Sequence[str], body: Sequence[Sequence[str]], left: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    return [_line(header, widths, left)] + [_line(r, widths, left) for r in body]
+
+
+def table_lines(spec: DatasetSpec, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The rows as an aligned plain-text table ("?": unknown, "-": not given)."""
+    def per_epoch(row: dict[str, Any]) -> list[str]:
+        passes = row["passes"]
+        return [_count(row["expected_samples"]) if row["expected_samples"] is not None else "-",
+                f"{passes:.2f}" if passes is not None else "-",
+                _count(row["gets"]) if row["gets"] is not None else "-",
+                _size(row["bytes_read"]) if row["bytes_read"] is not None else "-"]
+
+    first = ["source", "shards", "size", "samples~"]
+    last = ["samples/epoch", "passes", "GETs", "read/epoch", "pattern"]
+    body = []
+    for row in rows:
+        shards = _count(row["shards"])
+        if row["missing"]:
+            shards += f" of {row['shards'] + len(row['missing'])}"
+        cells = [row["name"], shards, _size(row["bytes"]), _count(row["samples"])]
+        if spec.counted:
+            source = next(s for s in spec.sources if s.name == row["name"])
+            mode = (f"resample {source.resample}" if source.resample is not None else
+                    f"choose {source.choose}" if source.choose is not None else "all")
+            cells += [mode, _count(row["shards_per_epoch"])]
+        else:
+            p = row["probability"]
+            cells += [f"{row['weight']:g}", _scale(row["scale"]),
+                      f"{_pct(p['min'])} / {_pct(p['expected'])} / {_pct(p['max'])}",
+                      _pct(p["epoch0"])]
+        body.append(cells + per_epoch(row) + [row["pattern"]])
+    middle = (["mode", "shards/epoch"] if spec.counted else
+              ["weight", "scale", "share min / expected / max", "epoch 0"])
+    header = first + middle + last
+    return _table(header, body, left={0, len(header) - 1})
+
+
+def simulation_lines(sim: dict[str, Any]) -> list[str]:
+    """The simulation as text: observed next to realized shares."""
+    head = (f"simulation: {sim['samples_per_slot']:,} draws per slot x {sim['slots']} slot(s) "
+            f"= {sim['samples']:,} (epoch {sim['epoch']}, seed {sim['seed']}; mixing RNG only)")
+    body = [[s["name"], _pct(s["realized"]), _pct(s["observed"]),
+             f"{100 * (s['observed'] - s['realized']):+.2f}", f"{s['count']:,}"]
+            for s in sim["sources"]]
+    lines = _table(["source", "realized", "observed", "diff (pts)", "draws"], body, left={0})
+    return [head, *lines, f"largest difference: {100 * sim['max_difference']:.2f} points"]
