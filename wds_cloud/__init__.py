@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "MissingDependencyError": "errors",
     "OpenError": "errors",
     "PipeError": "errors",
+    "ResumeError": "errors",
     "ShardFormatError": "errors",
     "ShardNotFoundError": "errors",
     "SpecError": "errors",

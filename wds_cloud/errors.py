@@ -40,6 +40,7 @@ __all__ = [
     "MissingDependencyError",
     "OpenError",
     "PipeError",
+    "ResumeError",
     "ShardFormatError",
     "ShardNotFoundError",
     "SpecError",
@@ -154,6 +155,16 @@ class CacheError(WdsCloudError, OSError):
 
 class CacheValidationError(CacheError):
     """A cache entry does not match what was recorded for it."""
+
+
+class ResumeError(WdsCloudError, ValueError):
+    """A saved state does not fit the dataset or loader it is loaded into, or the objects it
+    points to changed; ``field`` names what differs (``seed``, ``world_size``, ``version``...).
+    """
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ShardFormatError(WdsCloudError, ValueError, tarfile.ReadError):

@@ -131,13 +131,21 @@ class Router:
         is True. The URL checked is the one opened, after rewriting."""
         if mode not in ("rb", "wb"):
             raise ConfigError(f"gopen mode must be 'rb' or 'wb', got {mode!r} for {redact(url)!r}")
+        offset = int(options.pop("offset", 0) or 0)
+        if offset and mode != "rb":
+            raise ConfigError(f"gopen: offset={offset} is for reading ({redact(url)!r})")
         resolved = url if url == "-" else self.resolve(url)
         _refuse_unsafe(url, resolved, self.settings.secure)
         cache = None if mode != "rb" else self.cache()
         if cache is not None and cache.wants(resolved):
             log.debug("cache %s in %s", redact(resolved), cache.root)
-            return cache.open(resolved, lambda: self._open(url, resolved, mode, options))
-        return self._open(url, resolved, mode, options)
+            stream = cache.open(resolved, lambda: self._open(url, resolved, mode, options))
+            return _skip(stream, offset) if offset else stream
+        if offset and getattr(openers.get_opener(resolved), "ranged", False):
+            options["offset"] = offset  # the opener starts there (a ranged GET, a seek)
+            return self._open(url, resolved, mode, options)
+        stream = self._open(url, resolved, mode, options)
+        return _skip(stream, offset) if offset else stream
 
     def cache(self) -> ShardCache | None:
         """The shard cache the settings ask for, if any (made once)."""
@@ -401,3 +409,21 @@ class _SchemeTable(MutableMapping[str, Any]):
 
 
 gopen_schemes: MutableMapping[str, Any] = _SchemeTable()
+
+
+def _skip(stream: BinaryIO, offset: int) -> BinaryIO:
+    """``stream`` moved ``offset`` bytes on: a seek when it can, else reading them (a pipe,
+    stdin, a shard the cache is still filling)."""
+    try:
+        if stream.seekable():
+            stream.seek(offset)
+            return stream
+    except (OSError, ValueError):
+        pass
+    left = offset
+    while left:
+        data = stream.read(min(left, 1 << 20))
+        if not data:
+            break
+        left -= len(data)
+    return stream

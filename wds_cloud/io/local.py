@@ -27,10 +27,14 @@ class LocalOpener:
     when closed, so a reader never sees half a shard; ``abort()`` on the stream removes it.
     """
 
+    #: ``open(url, "rb", offset=n)`` starts at byte n (a seek)
+    ranged = True
+
     def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
         scheme, rest = split_scheme(url)
         path = url2pathname(rest[2:] if rest.startswith("//") else rest) if scheme else url
         bufsize = options.pop("bufsize", -1)
+        offset = int(options.pop("offset", 0) or 0)
         if options:
             raise ConfigError(f"options {sorted(options)} are not used when opening local {url!r}")
         writing = "w" in mode
@@ -50,6 +54,8 @@ class LocalOpener:
             raise OpenError(f"{path!r} is a directory, not a shard", url=url) from exc
         if not writing:
             stream.local_path = os.path.abspath(path)  # type: ignore[attr-defined]
+            if offset:
+                stream.seek(offset)
         return cast(BinaryIO, stream)
 
     def glob(self, pattern: str, *, storage_options: Any = None) -> list[str]:

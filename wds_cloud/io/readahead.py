@@ -193,6 +193,8 @@ class ReadAhead:
             if isinstance(item, dict) and item.get("readahead") is False:
                 self.depth = 0  # a queue: asking for its next item would recycle this one
             url = _url_of(item)
+            if isinstance(item, dict) and item.get("offset"):
+                url = None  # resumed mid-shard: opened at its offset when its turn comes
             slot = None if url is None else self._schedule(url)
             with self._lock:
                 self._pending.append((item, slot))

@@ -165,17 +165,21 @@ class CloudOpener:
     ``_source``, ``_put`` and ``_put_parts``."""
 
     takes_settings: ClassVar[bool] = True
+    #: ``open(url, "rb", offset=n)`` starts at byte n (a ranged GET)
+    ranged: ClassVar[bool] = True
     protocol: ClassVar[str]
 
     def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
-        """A :class:`ResumableStream` (``rb``) or an :class:`AtomicUpload` (``wb``) of ``url``."""
+        """A :class:`ResumableStream` (``rb``, from byte ``offset``) or an
+        :class:`AtomicUpload` (``wb``) of ``url``."""
+        offset = int(options.pop("offset", 0) or 0)
         policy, storage_options = opener_options(url, options)
         fs = self.filesystem(url, storage_options, timeout=policy.timeout)
         if "w" in mode:
             return cast(BinaryIO, AtomicUpload(
                 lambda fileobj: self._upload(fs, url, policy, fileobj), url=url))
         return cast(BinaryIO, ResumableStream(self._source(fs, url, policy), url=url,
-                                              policy=policy))
+                                              policy=policy, offset=offset))
 
     def glob(self, pattern: str, *, storage_options: dict[str, Any] | None = None,
              settings: Settings | None = None) -> list[str]:

@@ -102,14 +102,16 @@ class HttpOpener:
     """Opener for ``http``/``https`` (and AIStore's REST API, which the router maps to it)."""
 
     takes_settings: ClassVar[bool] = True
+    ranged: ClassVar[bool] = True
 
     def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
+        offset = int(options.pop("offset", 0) or 0)
         policy, storage_options = opener_options(url, options)
         fs = _filesystem(storage_options)
         if "w" in mode:
             return cast(BinaryIO, AtomicUpload(lambda f: _put(fs, url, f, policy), url=url))
         return cast(BinaryIO, ResumableStream(_HttpSource(fs, url, policy), url=url,
-                                              policy=policy))
+                                              policy=policy, offset=offset))
 
 
 def _filesystem(storage_options: dict[str, Any]) -> Any:

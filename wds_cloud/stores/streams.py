@@ -82,11 +82,13 @@ class ResumableStream(SequentialStream):
 
     def __init__(
         self, source: RangeSource, *, url: str, resolved_url: str = "",
-        policy: RetryPolicy | None = None,
+        policy: RetryPolicy | None = None, offset: int = 0,
     ) -> None:
         super().__init__()
         self._source = source
+        self._pos = offset  # a ranged GET from there (resuming a shard where a state says)
         self._retrier = Retrier(policy or RetryPolicy(), url=url, resolved_url=resolved_url)
+        self._retrier.offset = offset
         self._version: str | None = None
         self._size: int | None = None
         self._body: Body | None = None

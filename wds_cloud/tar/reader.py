@@ -50,9 +50,11 @@ __all__ = [
     "BLOCK",
     "CHUNK_SIZE",
     "DIRECT_MIN",
+    "Marks",
     "Member",
     "checksum_ok",
     "iter_member_batches",
+    "member_start",
     "parse_number",
     "parse_pax",
 ]
@@ -393,30 +395,53 @@ class _Reader:
         return name, size_override
 
 
+#: where a batch's members lie: ``(start, base, headers, compressed)``. Member ``j`` of the
+#: batch begins (with any extended header before it) at ``start`` for ``j == 0``, else where
+#: member ``j - 1`` ends: ``base + headers[j - 1] + BLOCK + padded(len(data))``. Offsets are
+#: in the uncompressed tar bytes, counted from where the stream was opened.
+Marks = tuple[int, int, list[int], bool]
+
+
+def member_start(marks: Marks, batch: list[Member], j: int) -> int:
+    """Where member ``j`` of ``batch`` begins (see :data:`Marks`)."""
+    start, base, headers, _ = marks
+    if j == 0:
+        return start
+    return base + headers[j - 1] + BLOCK + padded(len(batch[j - 1][1]))
+
+
 def iter_member_batches(
-    stream: BinaryIO, *, url: str = "", chunk_size: int = CHUNK_SIZE
+    stream: BinaryIO, *, url: str = "", chunk_size: int = CHUNK_SIZE,
+    marks: list[Marks] | None = None,
 ) -> Iterator[list[Member]]:
     """Yield the regular members of the tar archive in ``stream`` as lists of ``(name, data)``.
 
     ``url`` is used in error messages only (redacted). The stream is read, never seeked nor
     closed. Raises :class:`ShardFormatError` for a truncated or corrupt archive, after yielding
-    every whole member before the damage.
+    every whole member before the damage. ``marks``: a one-item list set to the
+    :data:`Marks` of each batch before it is yielded (for resumable positions).
     """
     read, head = tar_source(stream, url)
+    compressed = read is not stream.read
     reader = _Reader(read, head, url, max(chunk_size, BLOCK))
     while True:
-        buf = reader.buf
+        buf, start = reader.buf, reader.pos
         batch, headers, extended, reader.pos = _fast_batch(buf, reader.pos)
         if headers:
             bad = first_bad_header(buf, headers + extended if extended else headers)
+            if marks is not None:
+                marks[0] = (reader.off + start, reader.off, headers, compressed)
             if bad >= 0:
                 good = bisect.bisect_left(headers, bad)  # members before the bad header
                 if good:
                     yield batch[:good]
                 raise reader.error(_BAD_CHECKSUM, at=reader.off + bad)
             yield batch
+        before = reader.off + reader.pos
         item = reader.step()
         if item is _END:
             return
         if item is not None:
+            if marks is not None:
+                marks[0] = (before, 0, [], compressed)
             yield [item]  # type: ignore[list-item]

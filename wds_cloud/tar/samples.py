@@ -35,6 +35,7 @@ consumer stops early.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, BinaryIO
@@ -48,9 +49,10 @@ from ..errors import (
 )
 from ..handlers import Handler, reraise_exception
 from ..urls import redact
-from .reader import iter_member_batches
+from .reader import Marks, iter_member_batches, member_start
 
 __all__ = [
+    "ShardCursor",
     "base_plus_ext",
     "group_by_keys",
     "meta_prefix",
@@ -61,6 +63,8 @@ __all__ = [
     "tar_file_iterator",
     "valid_sample",
 ]
+
+log = logging.getLogger(__name__)
 
 meta_prefix = "__"
 meta_suffix = "__"
@@ -220,12 +224,12 @@ class _Outcome:
         self.broken: str | None = None
 
 
-def _batches(stream: BinaryIO, url: str, handler: Handler, outcome: _Outcome
-             ) -> Iterator[list[tuple[str, bytes]]]:
+def _batches(stream: BinaryIO, url: str, handler: Handler, outcome: _Outcome,
+             marks: list[Marks] | None = None) -> Iterator[list[tuple[str, bytes]]]:
     """The shard's member batches; a read error goes to ``handler``, whose answer (go on to
     the next shard, or stop) is stored in ``outcome``."""
     try:
-        yield from iter_member_batches(stream, url=url)
+        yield from iter_member_batches(stream, url=url, marks=marks)
     except Exception as exn:
         outcome.damaged = True
         member = getattr(exn, "member", None) if isinstance(exn, ShardFormatError) else None
@@ -366,35 +370,146 @@ def group_by_keys(
         yield current
 
 
+class ShardCursor:
+    """Where a reader of shards stands, for resumable state (kept by
+    :func:`samples_from_shards` when given one).
+
+    ``started``: shard items taken from the source (failed ones too); ``url`` and ``version``
+    (ETag, generation; ``""`` if unknown) of the shard being read; ``ordinal``: its samples
+    yielded so far; ``done``: it has no more samples (the next comes from the next shard).
+    :meth:`next_offset` is where the next sample of the shard begins and :meth:`last` where the
+    last yielded one lies, as byte offsets in the tar bytes (``-1`` when they cannot be read
+    from an offset: a compressed shard). An item ``{"url", "offset", "ordinal"}`` resumes a
+    shard: the stream is opened at ``offset`` (``open_stream(url, offset=...)``) when there
+    is one, else from the start, skipping ``ordinal`` samples.
+    """
+
+    __slots__ = ("_at", "_prev", "done", "marks", "ordinal", "started", "url", "version")
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.url = ""
+        self.version = ""
+        self.ordinal = 0
+        self.done = True
+        self.marks: list[Marks] = [(0, 0, [], False)]
+        self._at: tuple[Marks, list[tuple[str, bytes]], int] | int = 0
+        self._prev: tuple[Marks, list[tuple[str, bytes]], int] | int = 0
+
+    def begin(self, url: str, version: str, base: int, ordinal: int) -> None:
+        """A shard starts (at byte ``base``, after ``ordinal`` samples)."""
+        self.url, self.version, self.ordinal, self.done = url, version, ordinal, False
+        self._at = self._prev = base
+
+    def boundary(self, batch: list[tuple[str, bytes]], j: int) -> None:
+        """The sample about to be yielded ends where member ``j`` of ``batch`` begins."""
+        self._prev, self._at = self._at, (self.marks[0], batch, j)
+        self.ordinal += 1
+
+    def finish(self) -> None:
+        """The shard's last sample is about to be yielded."""
+        self._prev, self._at = self._at, -1
+        self.ordinal += 1
+        self.done = True
+
+    @staticmethod
+    def _resolve(at: tuple[Marks, list[tuple[str, bytes]], int] | int) -> int:
+        if isinstance(at, int):
+            return at
+        marks, batch, j = at
+        return -1 if marks[3] else member_start(marks, batch, j)
+
+    def next_offset(self) -> int:
+        """Where the next sample of this shard begins (-1: unknown, or none)."""
+        return -1 if self.done else self._resolve(self._at)
+
+    def last(self) -> tuple[int, int]:
+        """``(ordinal, byte offset)`` of the sample yielded last (offset -1 if unknown)."""
+        return self.ordinal - 1, self._resolve(self._prev)
+
+
 def samples_from_shards(
     src: Iterable[dict[str, Any]], handler: Handler = reraise_exception,
     select_files: Selector | None = None, rename_files: Renamer | None = None, *,
-    open_stream: OpenStream,
+    open_stream: OpenStream, cursor: ShardCursor | None = None,
 ) -> Iterator[Sample]:
     """Samples from the tar shards ``{"url": ...}`` of ``src``: open, parse and group in one
     loop (what webdataset's url_opener | tar_file_expander | group_by_keys do).
 
     Each stream is closed when its shard is done, on error, and when the consumer stops.
+    ``cursor`` keeps the position (see :class:`ShardCursor`), and items with ``offset`` or
+    ``ordinal`` resume a shard there.
     """
     for source in src:
         url = _url_of(source)
+        offset, skip = _resume_point(source)
+        if cursor is not None:
+            cursor.started += 1
         try:
-            stream = open_stream(url)
+            stream = open_stream(url, offset=offset) if offset > 0 else open_stream(url)
         except Exception as exn:
             if handler(_open_error(exn, url)):
                 continue
             return
         try:
-            go_on = yield from _shard_samples(stream, url, handler, select_files, rename_files)
+            if cursor is not None:
+                cursor.begin(url, str(getattr(stream, "version", None) or ""), offset, skip)
+                if _changed(source, cursor.version, url):  # reseeding: read it from its start
+                    stream.close()
+                    stream = open_stream(url)
+                    offset = skip = 0
+                    cursor.begin(url, str(getattr(stream, "version", None) or ""), 0, 0)
+            samples = _shard_samples(stream, url, handler, select_files, rename_files, cursor)
+            if skip and offset <= 0:
+                samples = _skipping(samples, skip, cursor)
+            go_on = yield from samples
         finally:
             stream.close()
         if not go_on:
             return
 
 
+def _resume_point(source: Any) -> tuple[int, int]:
+    """``(byte offset, samples before it)`` where an item resumes its shard (0, 0: start)."""
+    if not isinstance(source, dict):
+        return 0, 0
+    return int(source.get("offset", 0) or 0), int(source.get("ordinal", 0) or 0)
+
+
+def _changed(source: Any, version: str, url: str) -> bool:
+    """Whether a resumed shard changed since its state was saved: a
+    :class:`~wds_cloud.errors.ResumeError`, or True (after a WARNING) when the item says
+    ``reseed``."""
+    want = source.get("version") if isinstance(source, dict) else None
+    if not (want and version and want != version):
+        return False
+    message = (f"{redact(url)} changed since the state was saved (version {want!r} then, "
+               f"{version!r} now)")
+    if source.get("reseed"):
+        log.warning("%s; reading it from its start (on_mismatch='reseed')", message)
+        return True
+    from ..errors import ResumeError
+
+    raise ResumeError(message + "; load the state with on_mismatch='reseed' to go on",
+                      field="version")
+
+
+def _skipping(samples: Generator[Sample, None, bool], skip: int,
+              cursor: ShardCursor | None) -> Generator[Sample, None, bool]:
+    """``samples`` without the first ``skip`` (a shard resumed by re-reading its start)."""
+    if cursor is not None:
+        cursor.ordinal = 0
+    for _ in range(skip):
+        try:
+            next(samples)
+        except StopIteration as stop:
+            return bool(stop.value)
+    return (yield from samples)
+
+
 def _shard_samples(
     stream: BinaryIO, url: str, handler: Handler, select_files: Selector | None,
-    rename_files: Renamer | None,
+    rename_files: Renamer | None, cursor: ShardCursor | None = None,
 ) -> Generator[Sample, None, bool]:
     """The fused loop for one shard; returns False when the handler says stop."""
     local_path = getattr(stream, "local_path", None)
@@ -402,8 +517,9 @@ def _shard_samples(
     current: Sample = {}
     key: str | None = None
     outcome = _Outcome()
-    for batch in _batches(stream, url, handler, outcome):
-        for name, data in batch:
+    marks = None if cursor is None else cursor.marks
+    for batch in _batches(stream, url, handler, outcome, marks):
+        for j, (name, data) in enumerate(batch):
             if name.startswith("__") and _is_meta(name, _META):
                 continue
             if hooks:
@@ -425,6 +541,8 @@ def _shard_samples(
             suffix = suffix.lower()
             if prefix != key:
                 if valid_sample(current):
+                    if cursor is not None:
+                        cursor.boundary(batch, j)
                     yield current
                 key = prefix
                 current = {"__key__": prefix, "__url__": url}
@@ -443,7 +561,11 @@ def _shard_samples(
     # is in a member of the next sample.
     if valid_sample(current) and (not outcome.damaged or _ends_before(
             outcome.broken, key, select_files, rename_files)):
+        if cursor is not None:
+            cursor.finish()
         yield current
+    elif cursor is not None:
+        cursor.done = True
     return outcome.go_on
 
 
