@@ -43,6 +43,7 @@ use it or refuse it:
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import random
@@ -59,9 +60,12 @@ from .pipeline import core as pipeline
 from .pipeline import filters, shards
 from .pipeline.core import pipelinefilter
 from .pipeline.directory import DirectoryShardList
+from .pipeline.epochs import EpochCounter
 from .pipeline.exact import ExactEpochShards
 from .pipeline.fluid import FluidInterface
+from .pipeline.rng import SHUFFLE, KeyedRandom
 from .pipeline.shards import WorkerInfo
+from .pipeline.state import Ref, ResumableShuffle, ResumeBook, fingerprint, refetch, track_shards
 from .pytorch import (
     DataPipeline,
     ResampledShards,
@@ -76,6 +80,7 @@ from .tar import samples as tario
 
 # re-exported: webdataset code reaches them as ``wds.tariterators.*``
 from .tar.samples import (
+    ShardCursor,
     base_plus_ext,
     group_by_keys,
     tar_file_expander,
@@ -147,17 +152,19 @@ class ShardOpener:
 
     def samples(
         self, src: Iterable[Sample], handler: Handler, select_files: Any, rename_files: Any,
-        *, share: int = 1,
+        *, share: int = 1, cursor: tario.ShardCursor | None = None,
     ) -> Iterator[Sample]:
         """Samples of the shards of ``src``; ``share``: how many such streams one process
-        reads at once (a spec's sources), which split the read-ahead between them."""
+        reads at once (a spec's sources), which split the read-ahead between them;
+        ``cursor`` keeps the position (for resumable state)."""
         return read_shards(self, self.settings, src, handler, select_files, rename_files,
-                           share=share)
+                           share=share, cursor=cursor)
 
 
 def read_shards(
     open_stream: Callable[..., BinaryIO], settings: Settings, src: Iterable[Sample],
     handler: Handler, select_files: Any, rename_files: Any, *, share: int = 1,
+    cursor: tario.ShardCursor | None = None,
 ) -> Iterator[Sample]:
     """Samples of the shards ``{"url": ...}`` of ``src`` opened with ``open_stream``, the
     next ``settings.readahead // share`` opened in the background."""
@@ -167,7 +174,8 @@ def read_shards(
     max_bytes = settings.readahead_bytes // max(share, 1)
     with ReadAhead(open_stream, depth=depth, max_bytes=max_bytes) as ahead:
         yield from tario.samples_from_shards(ahead.sources(src), handler, select_files,
-                                             rename_files, open_stream=ahead.open)
+                                             rename_files, open_stream=ahead.open,
+                                             cursor=cursor)
 
 
 def tarfile_samples(
@@ -214,16 +222,18 @@ class check_empty:
     """Stage: pass samples through; raise ConfigError if this worker got none at all."""
 
     def __init__(self, what: str = "dataset", *,
-                 worker_info: Callable[[], WorkerInfo] = worker_info) -> None:
+                 worker_info: Callable[[], WorkerInfo] = worker_info,
+                 book: ResumeBook | None = None) -> None:
         self.what = what
         self.worker_info = worker_info
+        self.book = book
 
     def __call__(self, source: Iterable[Sample]) -> Iterator[Sample]:
         empty = True
         for sample in source:
             empty = False
             yield sample
-        if empty:
+        if empty and not (self.book is not None and self.book.restoring):
             info = self.worker_info()
             raise ConfigError(
                 f"no samples found in {self.what} (rank {info.rank}/{info.world_size}, worker "
@@ -397,6 +407,15 @@ class WebDataset(DataPipeline, FluidInterface):
                 url_to_name=url_to_name, handler=handler, select_files=select_files,
                 rename_files=rename_files, worker_info=functools.partial(worker_info, settings),
                 allow_pipe=allow_pipe)
+            from .spec.build import SpecMix
+
+            chosen = seed is not None or settings.seed is not None or self.spec.seed is not None
+            self.book = source.book = ResumeBook(
+                "spec", fingerprint(self.spec.describe(), source.urls), self.seed,
+                seed_chosen=chosen)
+            if not isinstance(source, SpecMix):
+                self.book.unsupported = ("a counted spec (resample/choose) does not resume "
+                                         "yet; a weighted one does")
             self.append(source)
             if repeat:
                 self.repeat()
@@ -411,12 +430,19 @@ class WebDataset(DataPipeline, FluidInterface):
         if epoch_mode is not None:
             self.append(_exact_source(urls, epoch_mode, remainder, resampled,
                                       self.seed if chosen else 0, settings, where))
-            self.append(functools.partial(opener.samples, handler=handler,
-                                          select_files=select_files, rename_files=rename_files))
+            self.book = ResumeBook("exact", fingerprint(urls, remainder), self.seed,
+                                   seed_chosen=True)
+            self.book.unsupported = "epoch_mode='exact' does not resume yet"
+            self.append(ShardReader(opener, handler, select_files, rename_files, self.book))
             if repeat:
                 self.repeat()
             return
         shardshuffle = _shardshuffle_size(shardshuffle, resampled)
+        self.book = ResumeBook("shards", fingerprint(urls, resampled, shardshuffle, mode),
+                               self.seed, seed_chosen=chosen)
+        if resampled and not chosen:
+            self.book.unsupported = ("resampled without a seed draws fresh entropy (as "
+                                     "webdataset); give seed= (or WDS_SEED) to resume")
         self.append(_shard_source(urls, resampled, empty_check, self.seed if chosen else None,
                                   settings.url_vars, mode, storage_options or {}))
         queue = _is_directory(urls)  # each process claims its shards: no splitting
@@ -431,10 +457,11 @@ class WebDataset(DataPipeline, FluidInterface):
                 self.append(shards.ShardShuffle(shardshuffle, seed=self.seed, worker_info=where))
         if verbose:
             self.append(_log_shards)
-        self.append(functools.partial(opener.samples, handler=handler,
-                                      select_files=select_files, rename_files=rename_files))
+        if queue:
+            self.book.unsupported = "a directory queue (DirectoryShardList) does not resume"
+        self.append(ShardReader(opener, handler, select_files, rename_files, self.book))
         if empty_check and not queue:  # a worker may find a queue empty
-            self.append(check_empty(_describe(urls), worker_info=where))
+            self.append(check_empty(_describe(urls), worker_info=where, book=self.book))
         if repeat:
             self.repeat()
 
@@ -444,18 +471,138 @@ class WebDataset(DataPipeline, FluidInterface):
     def shuffle(self, size: int, **kw: Any) -> Any:
         """Shuffle samples in a buffer of ``size``. For a spec the draws come from
         ``KeyedRandom(seed, epoch, slot, SHUFFLE)`` (unless ``rng=``/``seed=`` is given), so the
-        stream stays a function of the seed, rank, worker and epoch."""
-        if self.spec is not None and size >= 1 and not kw.keys() - {"initial", "handler"}:
+        stream stays a function of the seed, rank, worker and epoch. Right after the reader
+        (before ``decode``/``map``), the buffer is part of the resumable state; elsewhere a
+        state cannot be restored."""
+        plain = size >= 1 and not kw.keys() - {"initial", "handler"}
+        reader = self._reader()
+        if self.spec is not None and plain and len(self.pipeline) == 1:
             from .spec.build import SpecShuffle
 
             return self.compose(SpecShuffle(self.pipeline[0], size, kw.get("initial", 100)))
+        if reader is not None and plain and isinstance(self.pipeline[-1], (ShardReader,
+                                                                          check_empty)):
+            return self.compose(_ReaderShuffle(reader, size, kw.get("initial", 100)))
+        if self.book is not None:
+            self.book.unsupported = ("a .shuffle() after other stages (put it right after the "
+                                     "dataset, before decode/map, to resume)")
         return super().shuffle(size, **kw)
+
+    def _reader(self) -> ShardReader | None:
+        return next((s for s in self.pipeline if isinstance(s, ShardReader)), None)
+
+    def _begin(self, book: ResumeBook) -> None:
+        """Restore the epoch keys of the shard stages (their orders repeat from them); a
+        spec's epoch is known before its first sample (a state taken then has it)."""
+        first = self.pipeline[0]
+        if isinstance(getattr(first, "epochs", None), EpochCounter):
+            saved = int(book.get("epoch", -1))
+            book.epoch = saved if saved >= 0 else first.epochs.peek(book.info.worker)
+        for n, stage in enumerate(self.pipeline):
+            epochs = getattr(stage, "_epochs", None)
+            if epochs is None:
+                continue
+            saved = book.get(f"epochs.{n}")
+            if saved:
+                explicit, started = saved.split(",")
+                epochs.explicit = None if explicit == "-" else int(explicit)
+                epochs.started = int(started)
+            key = f"{'-' if epochs.explicit is None else epochs.explicit},{epochs.started}"
+            book.part(f"epochs.{n}", functools.partial(dict, ((f"epochs.{n}", key),)))
+            if epochs.explicit is None and book.info.seed is not None:
+                book.unsupported = ("a DataLoader worker's epochs are numbered only if the "
+                                    "epoch is set: call dataset.set_epoch(e) (WebLoader does)")
+
+    def _complete(self, book: ResumeBook) -> None:
+        first = self.pipeline[0]
+        saved = int(book.get("epoch", -1))
+        if hasattr(first, "epochs") and saved >= 0:
+            first.epochs.resume(book.info.worker, saved + 1)
+        for n, stage in enumerate(self.pipeline):
+            epochs = getattr(stage, "_epochs", None)
+            if epochs is not None and book.get(f"epochs.{n}") is not None:
+                epochs.started += 1
+
+    def _adopt_seed(self, seed: int) -> None:
+        self.seed = seed
+        for stage in self.pipeline:
+            if hasattr(stage, "seed") and isinstance(stage.seed, int) \
+                    and not isinstance(stage, ShardReader):
+                stage.seed = seed
 
     def __enter__(self) -> WebDataset:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ShardReader(pipeline.PipelineStage):
+    """The stage reading shard items into samples, keeping its position in ``book``."""
+
+    def __init__(self, opener: ShardOpener, handler: Handler, select_files: Any,
+                 rename_files: Any, book: ResumeBook | None) -> None:
+        self.opener, self.handler, self.book = opener, handler, book
+        self.select_files, self.rename_files = select_files, rename_files
+        self._cursor = ShardCursor()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_cursor": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cursor = ShardCursor()
+
+    def run(self, src: Iterable[Sample]) -> Iterator[Sample]:
+        """Samples of the shard items of ``src``."""
+        self._cursor = cursor = ShardCursor()
+        if self.book is not None:
+            src = track_shards(self.book, 0, cursor, src)
+        return self.read(src, 0, cursor)
+
+    def read(self, items: Iterable[Sample], i: int, cursor: ShardCursor) -> Iterator[Sample]:
+        """Samples of ``items``, the position kept in ``cursor``."""
+        return self.opener.samples(items, self.handler, self.select_files, self.rename_files,
+                                   cursor=cursor)
+
+    def last_ref(self) -> Ref:
+        """The reference of the sample yielded last."""
+        cursor = self._cursor
+        ordinal, offset = cursor.last()
+        return 0, cursor.started - 1, ordinal, offset
+
+    def refetch(self, refs: list[Ref]) -> list[Sample]:
+        """The samples of ``refs``, read again."""
+        assert self.book is not None
+        return refetch(self.book, refs, self.read)
+
+
+class _ReaderShuffle(pipeline.PipelineStage):
+    """``WebDataset(urls).shuffle(n)``: a resumable buffer shuffle keyed by the seed, the
+    iteration's epoch keys and the slot."""
+
+    def __init__(self, reader: ShardReader, bufsize: int, initial: int) -> None:
+        self.reader, self.bufsize, self.initial = reader, bufsize, initial
+
+    def run(self, src: Iterable[Sample]) -> Iterator[Sample]:
+        it = iter(src)
+        first = next(it, _NOTHING)  # the shard stages have started: their keys are known
+        book = self.reader.book
+        assert book is not None
+        if first is _NOTHING:
+            if book.get("shuffle.buffer") is None:
+                return
+            first, it = None, iter(())  # resumed in the buffer's tail
+        info = book.info
+        keys = [int(x) for v in sorted(book.state_dict().items()) if v[0].startswith("epochs.")
+                for x in str(v[1]).replace("-", "-1").split(",")]
+        rng = KeyedRandom(book.seed, keys[-1] if keys else 0,
+                          info.rank * info.num_workers + info.worker, SHUFFLE, *keys[:-1])
+        shuffle = ResumableShuffle(book, self.reader, self.bufsize, self.initial)
+        yield from shuffle.run(it if first is None else itertools.chain([first], it), rng)
+
+
+_NOTHING: Any = object()
 
 
 def _exact_source(urls: Any, epoch_mode: str, remainder: str, resampled: bool, seed: int,

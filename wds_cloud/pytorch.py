@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from .errors import ConfigError, MissingDependencyError
+from .errors import ConfigError, MissingDependencyError, ResumeError
 from .pipeline import core as pipeline
 from .pipeline import shards
 from .pipeline.directory import DirectoryShardList
@@ -246,16 +247,138 @@ def set_epoch(obj: object, epoch: int) -> None:
 
 
 class _EpochedLoader:
-    """A DataLoader as a pipeline source: each pass first sets the dataset's epoch."""
+    """A DataLoader as a pipeline source: each pass first sets the dataset's epoch; items
+    sent with their worker's state (see :class:`~wds_cloud.pipeline.state.Shipped`) are
+    unpacked and the states kept, for :meth:`state_dict`."""
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
         self.epoch = 0
+        self.current = -1  # the pass under way
+        self.yielded = 0
+        self.last_worker = -1
+        self.states: list[Any] = []
+        self.resume: dict[str, Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        set_epoch(self.loader.dataset, self.epoch)
-        self.epoch += 1
-        return iter(self.loader)
+        dataset = self.loader.dataset
+        set_epoch(dataset, self.epoch)
+        self.current, self.epoch = self.epoch, self.epoch + 1
+        resume, self.resume = self.resume, None
+        workers = self.loader.num_workers
+        self.states = list(resume["workers"]) if resume else [None] * max(workers, 1)
+        self.yielded = resume["yielded"] if resume else 0
+        self.last_worker = resume["last_worker"] if resume else -1
+        it = iter(self.loader)
+        book = getattr(dataset, "book", None)
+        if book is not None and workers:
+            book.pending = None  # handed to the workers now; later passes start afresh
+        if not workers:
+            return self._counted(it)
+        return self._unshipped(it, resume is not None)
+
+    def _counted(self, it: Iterator[Any]) -> Iterator[Any]:
+        for item in it:
+            self.yielded += 1
+            yield item
+
+    def _unshipped(self, it: Iterator[Any], resumed: bool) -> Iterator[Any]:
+        """Items without their states; after a restore, in the order the uninterrupted run
+        had: round robin from the worker after the last one that yielded."""
+        if not resumed:
+            for shipped in it:
+                yield self._take(shipped)
+            return
+        workers = self.loader.num_workers
+        queues: list[deque[Any]] = [deque() for _ in range(workers)]
+        exhausted = {w for w, st in enumerate(self.states) if st and st.get("left") == 0}
+        turn = (self.last_worker + 1) % workers
+        for shipped in it:
+            queues[_worker_of(shipped)].append(shipped)
+            while len(exhausted) < workers:
+                if turn in exhausted:
+                    turn = (turn + 1) % workers
+                    continue
+                if not queues[turn]:
+                    break
+                item = queues[turn].popleft()
+                if item.state.get("left") == 0:
+                    exhausted.add(turn)
+                yield self._take(item)
+                turn = (turn + 1) % workers
+        while any(queues):  # the end: what is left, in turn
+            if queues[turn]:
+                yield self._take(queues[turn].popleft())
+            turn = (turn + 1) % workers
+
+    def _take(self, shipped: Any) -> Any:
+        from .pipeline.state import Shipped
+
+        self.yielded += 1
+        if not isinstance(shipped, Shipped):
+            return shipped
+        worker = _worker_of(shipped)
+        self.states[worker] = shipped.state
+        self.last_worker = worker
+        return shipped.item
+
+    def state_dict(self) -> dict[str, Any]:
+        workers = self.loader.num_workers
+        states = list(self.states)
+        if not workers:
+            dataset = self.loader.dataset
+            states = [dataset.state_dict() if hasattr(dataset, "state_dict") else None]
+        return {"version": 1, "kind": "WebLoader", "epoch": max(self.current, 0),
+                "yielded": self.yielded, "num_workers": workers,
+                "batch_size": self.loader.batch_size, "last_worker": self.last_worker,
+                "workers": states}
+
+    def load_state_dict(self, state: dict[str, Any], *, on_mismatch: str) -> None:
+        if state.get("kind") != "WebLoader":
+            raise ResumeError(f"not a WebLoader's state (kind {state.get('kind')!r})",
+                              field="kind")
+        for name, now in (("num_workers", self.loader.num_workers),
+                          ("batch_size", self.loader.batch_size)):
+            if state.get(name) != now and on_mismatch != "reseed":
+                raise ResumeError(f"cannot resume exactly: {name} differs (saved "
+                                  f"{state.get(name)!r}, now {now!r}); load it with "
+                                  "on_mismatch='reseed' to go on statistically", field=name)
+        dataset = self.loader.dataset
+        load = getattr(dataset, "load_state_dict", None)
+        if load is None:
+            raise ResumeError(f"the dataset {type(dataset).__name__} keeps no state",
+                              field="kind")
+        workers = self.loader.num_workers
+        saved = list(state.get("workers") or [])
+        if workers:
+            load({"workers": saved, "epoch": state["epoch"]}, on_mismatch=on_mismatch)
+        elif saved and saved[0]:
+            load(saved[0], on_mismatch=on_mismatch)
+        self.epoch = int(state["epoch"])
+        if workers and len(saved) == workers:
+            self.resume = {"workers": saved, "yielded": int(state.get("yielded", 0)),
+                           "last_worker": int(state.get("last_worker", -1))}
+
+
+def _worker_of(shipped: Any) -> int:
+    return int(shipped.state.get("worker", 0))
+
+
+class _Unship:
+    """A DataLoader's ``collate_fn`` for items sent with their worker's state: collates the
+    items and sends the batch with the state after its last item."""
+
+    def __init__(self, collate: Callable[[Any], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, data: Any) -> Any:
+        from .pipeline.state import Shipped
+
+        if isinstance(data, Shipped):
+            return Shipped(self.collate(data.item), data.state)
+        if isinstance(data, list) and data and isinstance(data[-1], Shipped):
+            return Shipped(self.collate([d.item for d in data]), data[-1].state)
+        return self.collate(data)
 
 
 class _ReportIO:
@@ -298,6 +421,10 @@ class WebLoader(DataPipeline, FluidInterface):
         from .stores.iostats import IO_FIELDS
 
         loader = DataLoader(*args, **kw)
+        book = getattr(loader.dataset, "book", None)
+        if book is not None and loader.num_workers > 0:
+            book.ship = True  # each worker sends its state along with each item
+            loader.collate_fn = _Unship(loader.collate_fn)
         self._io_counters: Any = None
         if loader.num_workers > 0:
             import multiprocessing
@@ -331,3 +458,21 @@ class WebLoader(DataPipeline, FluidInterface):
     def set_epoch(self, epoch: int) -> None:
         """Number the next pass over the DataLoader ``epoch`` (e.g. when resuming)."""
         self._epoched.epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands after the last batch it yielded (PyTorch's ``Stateful``
+        protocol): the pass, the batches yielded in it, which worker yielded last, and each
+        worker's dataset state as of its last batch yielded (batches prefetched but not yet
+        yielded are not in it: they are produced again after a restore)."""
+        if len(self.pipeline) > 1:
+            raise ResumeError("a WebLoader with stages of its own (e.g. .unbatched()."
+                              "shuffle(...)) keeps them out of its state; resume the loader "
+                              "without them", field="stages")
+        return self._epoched.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any], *, on_mismatch: str = "raise") -> None:
+        """Make the next pass continue where ``state`` stood: the batches after it equal
+        those of the uninterrupted run (same dataset, seed, world size, workers, batch size
+        and unchanged objects), or :class:`~wds_cloud.errors.ResumeError` names what
+        differs."""
+        self._epoched.load_state_dict(dict(state), on_mismatch=on_mismatch)

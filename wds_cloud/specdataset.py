@@ -28,6 +28,7 @@ from .router import expand_glob
 from .settings import Settings
 from .spec import DatasetSpec, load_spec
 from .spec.build import SpecEpochShards, SpecMix, SpecShardMix
+from .tar.samples import ShardCursor
 
 __all__ = ["MultiShardSample", "spec_source"]
 
@@ -88,13 +89,14 @@ class _SpecReader:
     select_files: Any
     rename_files: Any
 
-    def __call__(self, items: Iterable[dict[str, Any]], i: int) -> Iterator[Sample]:
+    def __call__(self, items: Iterable[dict[str, Any]], i: int,
+                 cursor: ShardCursor | None = None) -> Iterator[Sample]:
         share = len(self.openers)
         if i >= 0:
             return self.openers[i].samples(items, self.handler, self.select_files,
-                                           self.rename_files, share=share)
+                                           self.rename_files, share=share, cursor=cursor)
         return read_shards(self._open, self.openers[0].settings, items, self.handler,
-                           self.select_files, self.rename_files)
+                           self.select_files, self.rename_files, cursor=cursor)
 
     def _open(self, url: str, **kw: Any) -> Any:
         return self.openers[self.owners.get(url, 0)](url, **kw)

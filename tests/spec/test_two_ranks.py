@@ -52,11 +52,11 @@ def spec_file(store_factory: Callable[[str], Store], tmp_path: Path) -> Path:
     return path
 
 
-def _torchrun(spec: Path, out: Path, seed: int) -> list[dict[str, Any]]:
-    out.mkdir()
+def _torchrun(spec: Path, out: Path, seed: int, mode: str = "") -> list[dict[str, Any]]:
+    out.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(WORKER), str(spec), str(out), str(seed), str(EPOCHS), str(BATCH),
-           str(PER_WORKER)]
+           str(PER_WORKER), mode]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -91,5 +91,13 @@ def test_two_ranks_equal_steps_shares_and_reproducible_streams(spec_file: Path,
 
     again = _torchrun(spec_file, tmp_path / "run2", seed=42)
     assert again == ranks
+
+    # stopped mid-epoch, resumed by a new torchrun: both ranks go on with the same stream
+    stopped = _torchrun(spec_file, tmp_path / "run4", seed=42, mode="stop:37")
+    resumed = _torchrun(spec_file, tmp_path / "run4", seed=42, mode="resume")
+    for r in range(2):
+        head = [tuple(x) for e in stopped[r]["epochs"] for x in e["stream"]]
+        tail = [tuple(x) for e in resumed[r]["epochs"] for x in e["stream"]]
+        assert head + tail == streams[r], f"rank {r}"
     other = _torchrun(spec_file, tmp_path / "run3", seed=43)
     assert [r["epochs"] for r in other] != [r["epochs"] for r in ranks]

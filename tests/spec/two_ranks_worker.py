@@ -1,13 +1,16 @@
 """One rank of the two-rank test (tests/spec/test_two_ranks.py), started by torchrun.
 
-Arguments: SPEC OUT_DIR SEED EPOCHS BATCH BATCHES_PER_WORKER. Reads the spec with 2
-DataLoader workers, records (key, source) per sample and the batches per epoch, and writes
-them to OUT_DIR/rank<R>.json.
+Arguments: SPEC OUT_DIR SEED EPOCHS BATCH BATCHES_PER_WORKER [stop:K | resume]. Reads the
+spec with 2 DataLoader workers, records (key, source) per sample and the batches per epoch,
+and writes them to OUT_DIR/rank<R>.json. ``stop:K`` saves the loader's state after K steps
+to OUT_DIR/state<R>.pkl and ends there; ``resume`` loads it (from the OUT_DIR given) and goes
+on.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import sys
 
 import torch.distributed as dist
@@ -17,6 +20,7 @@ import wds_cloud as wds
 
 def main() -> None:
     spec, out_dir, seed, epochs, batch, per_worker = sys.argv[1:7]
+    mode = sys.argv[7] if len(sys.argv) > 7 else ""
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     dataset = (wds.WebDataset(spec, seed=int(seed))
@@ -25,13 +29,29 @@ def main() -> None:
                .with_epoch(int(per_worker)))
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
     record: dict[str, object] = {"rank": rank, "world": world, "epochs": []}
-    for epoch in range(int(epochs)):
+    first, stop = 0, -1
+    if mode == "resume":
+        with open(f"{out_dir}/state{rank}.pkl", "rb") as f:
+            saved = pickle.load(f)
+        loader.load_state_dict(saved["loader"])
+        first = saved["epoch"]
+    elif mode.startswith("stop:"):
+        stop = int(mode[5:])
+    done = 0
+    for epoch in range(first, int(epochs)):
         stream: list[list[str]] = []
         steps = 0
         for keys, sources in loader:
             stream += [[k, s] for k, s in zip(keys, sources, strict=True)]
             steps += 1
+            done += 1
+            if done == stop:
+                with open(f"{out_dir}/state{rank}.pkl", "wb") as f:
+                    pickle.dump({"loader": loader.state_dict(), "epoch": epoch}, f)
+                break
         record["epochs"].append({"epoch": epoch, "steps": steps, "stream": stream})  # type: ignore[attr-defined]
+        if done == stop:
+            break
     dist.barrier()
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump(record, f)

@@ -216,10 +216,60 @@ class Pipeline:
     #: environment only (the torch layer and ``WebDataset`` ask torch too)
     worker_info: WorkerInfoSource = None
 
+    #: the resumable state of this pipeline (:mod:`wds_cloud.pipeline.state`), if it has one
+    book: Any = None
+
     def __iter__(self) -> Iterator[Any]:
+        book = self.book
+        if book is not None:
+            book.begin(resolve_worker_info(self.worker_info))
+            self._begin(book)
         source = self.iterator1() if self.repetitions == 1 else self.iterator()
         count = self.nsamples if self.rank_epoch is None else self._worker_share()
-        return itertools.islice(source, count) if count > 0 else source
+        if book is None:
+            return itertools.islice(source, count) if count > 0 else source
+        if count > 0:
+            book.limit = count
+            count -= book.yielded  # resumed: what is left of this epoch
+            if count <= 0:  # resumed after its last item: the epoch is over
+                self._complete(book)
+                return iter(())
+            source = itertools.islice(source, count)
+        return book.counted(source)
+
+    def _begin(self, book: Any) -> None:
+        """A resumable iteration starts (``book`` holds what it resumes from): subclasses
+        restore what their stages keep outside the book."""
+
+    def _complete(self, book: Any) -> None:
+        """The iteration resumed had yielded all its items: subclasses count it as run, so
+        that the next one is the next epoch."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration under way stands (PyTorch's ``Stateful`` protocol): a flat
+        dict of ints and strings; see :mod:`wds_cloud.pipeline.state`. A pipeline that cannot
+        resume says why in ``unsupported`` (and :meth:`load_state_dict` refuses it)."""
+        if self.book is None:
+            return {"version": 1, "kind": type(self).__name__,
+                    "unsupported": f"{type(self).__name__} keeps no resumable state (WebDataset "
+                                   "and spec datasets do)"}
+        state: dict[str, Any] = self.book.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], *, on_mismatch: str = "raise") -> None:
+        """Resume from ``state`` at the next iteration (here, or in the DataLoader workers
+        this pipeline is handed to): exactly, or :class:`~wds_cloud.errors.ResumeError`
+        naming what differs (``on_mismatch="reseed"``: go on with fresh streams)."""
+        if self.book is None:
+            from ..errors import ResumeError
+
+            raise ResumeError(f"{type(self).__name__} keeps no resumable state; WebDataset and "
+                              "spec datasets do", field="kind")
+        self.book.load_state_dict(state, on_mismatch=on_mismatch)
+        self._adopt_seed(self.book.seed)
+
+    def _adopt_seed(self, seed: int) -> None:
+        """Use ``seed`` (a loaded state's, when no seed was chosen)."""
 
     def _worker_share(self) -> int:
         """This worker's items of a per-rank epoch: ``units`` split as evenly as can be over

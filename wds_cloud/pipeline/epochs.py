@@ -65,6 +65,12 @@ class EpochCounter:
             self._values[1 + worker] = started + 1
             return int(self._values[0] + started)
 
+    def resume(self, worker: int, epoch: int) -> None:
+        """Make worker ``worker``'s next iteration epoch ``epoch`` (restoring a state), the
+        ones after it ``epoch + 1``, ..."""
+        with self._values.get_lock():
+            self._values[1 + worker] = epoch - self._values[0]
+
     def peek(self, worker: int = 0) -> int:
         """The epoch worker ``worker``'s next iteration will be (not counted)."""
         with self._values.get_lock():

@@ -36,6 +36,8 @@ from ..pipeline.epochs import EpochCounter
 from ..pipeline.filters import buffer_shuffle
 from ..pipeline.rng import MIX, SHARDS, SHUFFLE, KeyedRandom
 from ..pipeline.shards import WorkerInfoSource, resolve_worker_info
+from ..pipeline.state import Ref, ResumableShuffle, ResumeBook, refetch, track_shards
+from ..tar.samples import ShardCursor
 from .schema import DatasetSpec
 
 __all__ = [
@@ -52,7 +54,7 @@ log = logging.getLogger(__name__)
 
 Sample = dict[str, Any]
 #: reads shard items (``{"url": ...}``) of source ``i`` into samples
-Reader = Callable[[Iterable[dict[str, Any]], int], Iterator[Sample]]
+Reader = Callable[..., Iterator[Sample]]
 
 _BLOCK = 256  # source draws made at a time (the stream does not depend on it)
 
@@ -110,6 +112,9 @@ class _SpecSource:
         #: (epoch, slot) of the iteration under way in this process, for :class:`SpecShuffle`
         self.position: tuple[int, int] | None = None
 
+    #: the resumable state of the dataset this source belongs to (set by the dataset)
+    book: ResumeBook | None = None
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration (in every DataLoader worker) epoch ``epoch``."""
         self.epochs.set(epoch)
@@ -135,10 +140,21 @@ class SpecMix(_SpecSource):
         super().__init__(spec, urls, seed=seed, worker_info=worker_info, epochs=epochs)
         self.read = read
 
+    def _epoch(self, worker: int) -> int:
+        """The epoch of the iteration starting now (the saved one when resuming)."""
+        book = self.book
+        saved = -1 if book is None else int(book.get("epoch", -1))
+        if saved >= 0:
+            self.epochs.resume(worker, saved)
+        epoch = self.epochs.next(worker)
+        if book is not None:
+            book.epoch = epoch
+        return epoch
+
     def __iter__(self) -> Iterator[Sample]:
         info = resolve_worker_info(self.worker_info)
         slot = info.rank * info.num_workers + info.worker
-        epoch = self.epochs.next(info.worker)
+        epoch = self._epoch(info.worker)
         self.position = (epoch, slot)
         cumulative = _cumulative(self.spec, epoch, self.seed)
         log.info("%s: epoch %d, slot %d (rank %d/%d, worker %d/%d), shares %s",
@@ -147,16 +163,30 @@ class SpecMix(_SpecSource):
         n = len(self.spec.sources)
         sources: list[_SourceStream | None] = [None] * n
         takes: list[Callable[[], Sample] | None] = [None] * n  # each source's __next__
+        cursors = [ShardCursor() for _ in range(n)]
         names = [source.name for source in self.spec.sources]
         filtered = any(source.extensions is not None for source in self.spec.sources)
         rng = KeyedRandom(self.seed, epoch, slot, MIX)
+        book = self.book
+        drawn = [0, 0]  # samples drawn before this block, and the source of the last one
+        skip = 0
+        if book is not None:
+            drawn[0] = int(book.get("mix.n", 0))
+            skip = drawn[0] % _BLOCK
+            rng.skip(drawn[0] - skip)
+            drawn[0] -= skip
+            book.part("mix.", lambda: {"mix.n": drawn[0], "mix.last": drawn[1]})
+            self._last = (cursors, drawn)
         try:
             while True:
                 draws = rng.choose(cumulative, _BLOCK)
-                for i in draws.tolist():  # the hot loop: one draw, one sample
+                block = draws.tolist()
+                if skip:
+                    block, skip = block[skip:], 0
+                for i in block:  # the hot loop: one draw, one sample
                     take = takes[i]
                     if take is None:
-                        opened = sources[i] = self._source(i, epoch, slot)
+                        opened = sources[i] = self._source(i, epoch, slot, cursors[i])
                         take = takes[i] = opened.samples.__next__
                     try:
                         sample = take()
@@ -166,6 +196,8 @@ class SpecMix(_SpecSource):
                     if filtered:
                         sample = keep_extensions(sample, self.spec.sources[i].extensions)
                     sample["__source__"] = names[i]
+                    drawn[0] += 1
+                    drawn[1] = i
                     yield sample
                 for stream, count in zip(sources, np.bincount(draws, minlength=n).tolist(),
                                          strict=True):
@@ -178,15 +210,36 @@ class SpecMix(_SpecSource):
                     if close is not None:
                         close()
 
+    def last_ref(self) -> Ref:
+        """The reference of the sample yielded last (for a resumable shuffle)."""
+        cursors, drawn = self._last
+        cursor = cursors[drawn[1]]
+        ordinal, offset = cursor.last()
+        return drawn[1], cursor.started - 1, ordinal, offset
+
+    def refetch(self, refs: list[Ref]) -> list[Sample]:
+        """The samples of ``refs``, read again (restoring a shuffle buffer)."""
+        assert self.book is not None
+        out = []
+        for ref, sample in zip(refs, refetch(self.book, refs, self.read), strict=True):
+            source = self.spec.sources[ref[0]]
+            sample = keep_extensions(sample, source.extensions)
+            sample["__source__"] = source.name
+            out.append(sample)
+        return out
+
     def _what(self, i: int) -> str:
         source = self.spec.sources[i]
         return f"{self.spec.origin}: {source.key} ({source.name!r})"
 
-    def _source(self, i: int, epoch: int, slot: int) -> _SourceStream:
+    def _source(self, i: int, epoch: int, slot: int, cursor: ShardCursor) -> _SourceStream:
         what = self._what(i)
         shards = _passes(self.urls[i], KeyedRandom(self.seed, epoch, slot, SHARDS, i), what)
-        return _SourceStream(shards, len(self.urls[i]), what,
-                             lambda items: self.read(items, i))
+        items: Iterator[dict[str, Any]] = ({"url": url} for url in shards)
+        if self.book is not None:
+            items = track_shards(self.book, i, cursor, items)
+        return _SourceStream(items, len(self.urls[i]), what,
+                             lambda items: self.read(items, i, cursor))
 
 
 class _SourceStream:
@@ -198,7 +251,7 @@ class _SourceStream:
     ``_BLOCK`` samples, so a source that gives any never trips it.
     """
 
-    def __init__(self, shards: Iterator[str], nshards: int, what: str,
+    def __init__(self, shards: Iterator[dict[str, Any]], nshards: int, what: str,
                  read: Callable[[Iterable[dict[str, Any]]], Iterator[Sample]],
                  lookahead: int = 64) -> None:
         self.shards = shards
@@ -209,14 +262,14 @@ class _SourceStream:
 
     def _items(self) -> Iterator[dict[str, Any]]:
         mark, pulled = self.served, 0
-        for url in self.shards:
+        for item in self.shards:
             if self.served != mark:
                 mark, pulled = self.served, 0
             pulled += 1
             if pulled > self.limit:
                 raise ConfigError(f"{self.what}: two passes over its shards gave no samples; "
                                   "are they empty, or all skipped by the handler?")
-            yield {"url": url}
+            yield item
 
 
 def epoch_shards(spec: DatasetSpec, urls: Sequence[Sequence[str]], *, seed: int,
@@ -325,4 +378,9 @@ class SpecShuffle(PipelineStage):
             raise ConfigError("SpecShuffle must follow its spec source in the pipeline")
         epoch, slot = self.source.position
         rng = KeyedRandom(self.source.seed, epoch, slot, SHUFFLE)
+        book = self.source.book
+        if isinstance(self.source, SpecMix) and book is not None:
+            shuffle = ResumableShuffle(book, self.source, self.bufsize, self.initial)
+            yield from shuffle.run(itertools.chain([first], it), rng)
+            return
         yield from buffer_shuffle(itertools.chain([first], it), self.bufsize, self.initial, rng)

@@ -1,0 +1,421 @@
+"""Resumable state: where a dataset's iteration stands, saved and restored exactly.
+
+Every stateful stage keeps its position here, as a small flat dict of ints and strings
+(``state_dict()``/``load_state_dict()`` follow PyTorch's ``Stateful`` protocol, so torchdata's
+``StatefulDataLoader`` works unchanged):
+
+* the iteration: seed, epoch, slot (rank, world size, worker, workers) and the items the
+  dataset yielded in this epoch (``yielded``);
+* each source's reader (:class:`~wds_cloud.tar.samples.ShardCursor`): shards started in the
+  source's shard stream, the current shard's URL and ETag/generation, the byte offset of its
+  next sample and its sample ordinal (``src.<i>.*``);
+* the mix: samples drawn (``mix.n``), from which its generator is replayed (no I/O);
+* the shuffle buffer (:class:`ResumableShuffle`): draws used and, per buffered sample, a
+  32-byte reference (source, shard, ordinal, byte offset), never its bytes.
+
+A restore replays what costs no I/O (keyed generators, shard orders), reopens each source's
+current shard at its byte offset (a ranged GET; ``pipe:``, stdin and compressed shards re-read
+the shard's start) and refetches the buffered samples, one read per shard. With the same
+spec, seed, world size, workers and batch size and unchanged objects, what follows the restore
+equals what the uninterrupted run yielded. A state that does not fit raises
+:class:`~wds_cloud.errors.ResumeError` naming the field; ``on_mismatch="reseed"`` goes on
+from the saved epoch and count with fresh streams instead, with a WARNING.
+
+The :class:`ResumeBook` is per dataset and per process: pickled with the dataset into
+DataLoader workers (with a state loaded to restore), never with live positions.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import ConfigError, ResumeError
+from ..tar.samples import ShardCursor
+from .shards import WorkerInfo
+
+__all__ = [
+    "STATE_VERSION",
+    "Ref",
+    "RefSource",
+    "ResumableShuffle",
+    "ResumeBook",
+    "Shipped",
+    "decode_refs",
+    "encode_refs",
+    "fingerprint",
+    "refetch",
+    "track_shards",
+]
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+#: a buffered sample: (source index, shard index in the source's stream, ordinal, byte offset)
+Ref = tuple[int, int, int, int]
+State = dict[str, Any]
+
+_FIT = ("world_size", "num_workers", "rank", "worker")
+
+
+def fingerprint(*parts: object) -> str:
+    """A short stable digest of what a dataset reads (spec, URLs), to tell datasets apart."""
+    digest = hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()
+    return digest[:16]
+
+
+def encode_refs(refs: Iterable[Ref]) -> str:
+    """``refs`` as one string (base64 of little-endian int64s: about 43 bytes per ref)."""
+    flat = np.fromiter(itertools.chain.from_iterable(refs), dtype="<i8")
+    return base64.b64encode(flat.tobytes()).decode("ascii")
+
+
+def decode_refs(text: str) -> list[Ref]:
+    """The refs of :func:`encode_refs`."""
+    flat = np.frombuffer(base64.b64decode(text), dtype="<i8").reshape(-1, 4).tolist()
+    return [(a, b, c, d) for a, b, c, d in flat]
+
+
+#: reads shard items of source ``i`` into samples, keeping ``cursor``
+SourceReader = Callable[[Iterable[dict[str, Any]], int, ShardCursor], Iterator[Any]]
+_HISTORY = 4096  # shards remembered per source, for the references of buffered samples
+
+
+def track_shards(book: ResumeBook, i: int, cursor: ShardCursor,
+                 items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The shard items of source ``i``, resumed where ``book`` says, its position kept in
+    ``book`` as ``src.<i>.*`` (and each shard's URL and version as ``ref.<i>.<k>`` while a
+    buffered sample may point to it)."""
+    prefix = f"src.{i}."
+    started = int(book.get(prefix + "started", 0))
+    history: dict[int, str] = {}
+
+    def state() -> State:
+        out: State = {prefix + "started": cursor.started, prefix + "url": cursor.url,
+                      prefix + "version": cursor.version, prefix + "ordinal": cursor.ordinal,
+                      prefix + "offset": cursor.next_offset(),
+                      prefix + "done": int(cursor.done)}
+        return out
+
+    def refs() -> dict[int, str]:
+        return history
+
+    book.part(prefix, state)
+    book.histories[i] = refs
+    it = iter(items)
+    k = 0  # the index of the next item in the source's shard stream
+    if started:
+        done = int(book.get(prefix + "done", 1))
+        k = started if done else started - 1
+        for _ in range(k):
+            if next(it, None) is None:
+                break
+        cursor.started = k
+        if not done:
+            item = dict(next(it))
+            item.update(offset=int(book.get(prefix + "offset", -1)),
+                        ordinal=int(book.get(prefix + "ordinal", 0)),
+                        version=str(book.get(prefix + "version", "")),
+                        reseed=book.on_mismatch == "reseed")
+            it = itertools.chain([item], it)
+    for item in it:
+        history[k] = str(item.get("url", ""))
+        if len(history) > _HISTORY:
+            del history[next(iter(history))]
+        k += 1
+        yield item
+
+
+def refetch(book: ResumeBook, refs: list[Ref], read: SourceReader) -> list[Any]:
+    """The samples of ``refs``, in order: each shard read once, from the first sample wanted
+    (a ranged read; the start of the shard when the offset is not known)."""
+    wanted: dict[tuple[int, int], dict[int, int]] = {}
+    for n, (i, k, ordinal, _) in enumerate(refs):
+        wanted.setdefault((i, k), {})[ordinal] = n
+    starts: dict[tuple[int, int], tuple[int, int]] = {}
+    for i, k, ordinal, offset in refs:
+        first = starts.get((i, k))
+        if first is None or ordinal < first[0]:
+            starts[(i, k)] = (ordinal, offset)
+    out: list[Any] = [None] * len(refs)
+    for (i, k), ordinals in wanted.items():
+        url = book.get(f"ref.{i}.{k}")
+        if not url:
+            raise ResumeError(f"the state has no URL for shard {k} of source {i}, which a "
+                              "buffered sample comes from", field="shuffle.buffer")
+        ordinal, offset = starts[(i, k)]
+        cursor = ShardCursor()
+        item = {"url": url, "offset": offset, "ordinal": ordinal}
+        samples = read([item], i, cursor)
+        try:
+            left = len(ordinals)
+            for sample in samples:
+                at = ordinals.get(cursor.last()[0])
+                if at is not None:
+                    out[at] = sample
+                    left -= 1
+                    if not left:
+                        break
+        finally:
+            close = getattr(samples, "close", None)
+            if close is not None:
+                close()
+        missing = [o for o, n in ordinals.items() if out[n] is None]
+        if missing:
+            raise ResumeError(f"{url}: samples {missing[:5]} of the saved shuffle buffer "
+                              "are not in the shard any more", field="version")
+    return out
+
+
+class RefSource(Protocol):
+    """What a resumable shuffle reads from: the reference of the sample it yielded last, and
+    the samples of references, refetched."""
+
+    def last_ref(self) -> Ref: ...
+
+    def refetch(self, refs: list[Ref]) -> list[Any]: ...
+
+
+class ResumeBook:
+    """The resumable position of one dataset in this process (see the module docstring).
+
+    ``fingerprint`` names what the dataset reads; ``seed`` its seed and ``seed_chosen``
+    whether the user chose it (a state's seed is adopted when not). Stages register
+    ``part(name, fn)`` while they run; :meth:`state_dict` gathers them.
+    """
+
+    def __init__(self, kind: str, fingerprint: str, seed: int, *, seed_chosen: bool) -> None:
+        self.kind = kind
+        self.fingerprint = fingerprint
+        self.seed = seed
+        self.seed_chosen = seed_chosen
+        self.on_mismatch = "raise"
+        #: a loaded state, for the next iteration: one worker's, or ``{"workers": [...]}``
+        self.pending: State | None = None
+        #: sent along with every item (a WebLoader's workers): ``(item, state)``
+        self.ship = False
+        self.unsupported = ""  # why this dataset cannot resume, if it cannot
+        self._reset()
+
+    def _reset(self) -> None:
+        self.restoring: State = {}
+        self.parts: dict[str, Callable[[], State]] = {}
+        self.yielded = 0
+        self.limit = -1  # items this iteration yields in all, when known (with_epoch)
+        self.epoch = -1
+        self.info = WorkerInfo()
+        self.histories: dict[int, Callable[[], dict[int, str]]] = {}
+
+    def __getstate__(self) -> State:
+        state = dict(self.__dict__)
+        for live in ("restoring", "parts", "yielded", "limit", "epoch", "info", "histories"):
+            state.pop(live, None)
+        return state
+
+    def __setstate__(self, state: State) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # -- the iteration -----------------------------------------------------------------------
+
+    def begin(self, info: WorkerInfo) -> None:
+        """An iteration starts here: take this worker's loaded state, if there is one."""
+        self._reset()
+        self.info = info
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        state = pending
+        if "workers" in pending:
+            states = pending["workers"]
+            if len(states) != info.num_workers:
+                self._mismatch("num_workers", len(states), info.num_workers)
+                return
+            state = states[info.worker] or {}
+            if not state:  # this worker had yielded nothing: its epoch starts afresh
+                self.restoring = {"epoch": pending.get("epoch", -1), "yielded": 0}
+                return
+        if not self._fits(state, info):
+            return
+        self.restoring = state
+        self.yielded = int(state.get("yielded", 0))
+
+    def _fits(self, state: State, info: WorkerInfo) -> bool:
+        if state.get("version") != STATE_VERSION or state.get("kind") != self.kind:
+            raise ResumeError(
+                f"this state is of a {state.get('kind')!r} dataset (state version "
+                f"{state.get('version')}), not of this {self.kind!r} one (version "
+                f"{STATE_VERSION})", field="kind")
+        if state.get("unsupported"):
+            raise ResumeError(f"the saved dataset could not resume: {state['unsupported']}",
+                              field="unsupported")
+        checks = [("fingerprint", state.get("fingerprint"), self.fingerprint),
+                  ("seed", state.get("seed"), self.seed)]
+        checks += [(name, state.get(name), getattr(info, name)) for name in _FIT]
+        for name, saved, now in checks:
+            if saved != now:
+                self._mismatch(name, saved, now)
+                return False
+        return True
+
+    def _mismatch(self, name: str, saved: object, now: object) -> None:
+        what = {"fingerprint": "the dataset (spec or shard list)"}.get(name, name)
+        message = (f"cannot resume exactly: {what} differs (saved {saved!r}, now {now!r})")
+        if self.on_mismatch != "reseed":
+            raise ResumeError(message + "; load it with on_mismatch='reseed' to go on "
+                              "statistically", field=name)
+        log.warning("%s; going on with fresh streams (on_mismatch='reseed')", message)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A value of the state this iteration resumes from (``default`` if fresh)."""
+        return self.restoring.get(key, default)
+
+    def part(self, name: str, fn: Callable[[], State]) -> None:
+        """Register a stage's live state (``fn()`` gives its keys, prefixed with ``name``)."""
+        self.parts[name] = fn
+
+    def counted(self, items: Iterator[Any]) -> Iterator[Any]:
+        """``items``, counting them (and sending the state along when :attr:`ship`)."""
+        if self.ship:
+            for item in items:
+                self.yielded += 1
+                yield Shipped(item, self.state_dict())
+            return
+        for item in items:
+            self.yielded += 1
+            yield item
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    def state_dict(self) -> State:
+        """This process's position: a flat dict of ints and strings."""
+        info = self.info
+        state: State = {
+            "version": STATE_VERSION, "kind": self.kind, "fingerprint": self.fingerprint,
+            "seed": self.seed, "epoch": self.epoch, "yielded": self.yielded,
+            "left": self.limit - self.yielded if self.limit >= 0 else -1,
+            "rank": info.rank, "world_size": info.world_size, "worker": info.worker,
+            "num_workers": info.num_workers,
+        }
+        if self.unsupported:
+            state["unsupported"] = self.unsupported
+        for fn in self.parts.values():
+            state.update(fn())
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any], *, on_mismatch: str = "raise") -> None:
+        """Resume from ``state`` at the next iteration (in this process, or in the workers it
+        is pickled to). A state with ``workers`` holds one state per DataLoader worker."""
+        if on_mismatch not in ("raise", "reseed"):
+            raise ConfigError(f"on_mismatch={on_mismatch!r}: 'raise' or 'reseed'")
+        if not isinstance(state, Mapping):
+            raise ResumeError(f"a state_dict is a dict, got {type(state).__name__}",
+                              field="state")
+        self.on_mismatch = on_mismatch
+        worker_states = state.get("workers", [state])
+        for one in worker_states:
+            if one and one.get("seed") != self.seed:
+                if self.seed_chosen:
+                    self._mismatch("seed", one.get("seed"), self.seed)
+                    if on_mismatch == "reseed":
+                        return
+                else:
+                    self.seed = int(one["seed"])  # no seed was chosen: take the saved one
+        self.pending = dict(state)
+
+    def adopt(self) -> int:
+        """The seed to use (a loaded state's, when the user chose none)."""
+        return self.seed
+
+
+class Shipped:
+    """An item sent from a DataLoader worker with the state after it."""
+
+    __slots__ = ("item", "state")
+
+    def __init__(self, item: Any, state: State) -> None:
+        self.item = item
+        self.state = state
+
+
+class ResumableShuffle:
+    """A buffer shuffle whose buffer and draws can be saved and restored.
+
+    The same stream as :func:`~wds_cloud.pipeline.filters.buffer_shuffle` (for the same
+    ``rng``): growing, two samples in for one out until ``bufsize``, first output after
+    ``initial``; then one in, one out; at the end the rest, shuffled. ``source`` gives the
+    reference of each sample as it comes in, and refetches references on a restore.
+    """
+
+    def __init__(self, book: ResumeBook, source: RefSource, bufsize: int,
+                 initial: int = 100) -> None:
+        if isinstance(bufsize, bool) or not isinstance(bufsize, int) or bufsize < 1:
+            raise ConfigError(f"shuffle: bufsize must be a positive integer, got {bufsize!r}")
+        self.book = book
+        self.source = source
+        self.bufsize = bufsize
+        self.initial = min(initial, bufsize)
+
+    def run(self, src: Iterable[Any], rng: Any) -> Iterator[Any]:
+        """Shuffle ``src`` drawing from ``rng`` (a KeyedRandom of this iteration)."""
+        book, source = self.book, self.source
+        bufsize, initial = self.bufsize, self.initial
+        buf: list[Any] = []
+        refs: list[Ref] = []
+        phase = [0]  # 0: filling and running, 1: the rest, shuffled
+        saved = book.get("shuffle.buffer")
+        if saved is not None:
+            rng.skip(int(book.get("shuffle.draws", 0)))
+            refs = decode_refs(saved)
+            buf = source.refetch(refs)
+            phase[0] = int(book.get("shuffle.phase", 0))
+
+        def state() -> State:
+            out: State = {"shuffle.draws": rng.draws, "shuffle.phase": phase[0],
+                          "shuffle.buffer": encode_refs(refs)}
+            for i, k in {(r[0], r[1]) for r in refs}:
+                history = book.histories.get(i)
+                url = history().get(k) if history is not None else None
+                out[f"ref.{i}.{k}"] = url if url is not None else book.get(f"ref.{i}.{k}", "")
+            return out
+
+        book.part("shuffle", state)
+        rand, it = rng.random, iter(src)
+        if phase[0] == 0:
+            for sample in it:
+                if len(buf) < bufsize:
+                    buf.append(sample)
+                    refs.append(source.last_ref())
+                    if len(buf) < bufsize:
+                        extra = next(it, _END)
+                        if extra is not _END:
+                            buf.append(extra)
+                            refs.append(source.last_ref())
+                    if len(buf) < initial:
+                        continue
+                    k = int(rand() * len(buf))
+                    buf[k], buf[-1] = buf[-1], buf[k]
+                    refs[k], refs[-1] = refs[-1], refs[k]
+                    refs.pop()
+                    yield buf.pop()
+                else:
+                    k = int(rand() * bufsize)
+                    out, buf[k] = buf[k], sample
+                    refs[k] = source.last_ref()
+                    yield out
+            order = list(range(len(buf)))
+            rng.shuffle(order)
+            buf, refs = [buf[i] for i in order], [refs[i] for i in order]
+            phase[0] = 1
+        while buf:
+            refs.pop(0)
+            yield buf.pop(0)
+
+
+_END: Any = object()
