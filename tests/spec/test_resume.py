@@ -203,3 +203,51 @@ def test_a_changed_object_is_a_resume_error(store_factory: Callable[[str], Store
         _keys, texts = next(iter(reseeded))
     assert "changed since the state was saved" in caplog.text
     assert texts[0] == b"changed"  # the new object, read from its start
+
+
+def test_a_restore_reads_no_finished_shard_and_starts_the_current_one_at_its_offset(
+        store_factory: Callable[[str], Store], tmp_path: Path) -> None:
+    s3 = store_factory("s3")
+    urls = _put_source(s3, tmp_path, "g", 6, 40)  # 40 samples a shard
+
+    def make() -> wds.WebDataset:
+        return wds.WebDataset(urls, shardshuffle=False, storage_options=s3.storage_options
+                              ).to_tuple("__key__").batched(5)
+
+    dataset = make()
+    it = iter(dataset)
+    for _ in range(26):  # 130 samples: three shards done, the fourth 10 samples in
+        next(it)
+    state = dataset.state_dict()
+    assert (state["src.0.started"], state["src.0.ordinal"]) == (4, 10)
+    assert state["src.0.offset"] > 0
+    expected = list(it)
+    wds.reset_io_stats()
+    restored = make()
+    restored.load_state_dict(state)
+    assert list(restored) == expected
+    stats = wds.io_stats()
+    assert stats["requests"] == 3, stats  # the current shard (ranged) and the two after it
+    size = sum(len(s3.get(f"resume/g-{i:03d}.tar") or b"") for i in range(3, 6))
+    assert stats["bytes_read"] < size - state["src.0.offset"] + 1024
+
+
+def test_compressed_shards_resume_by_reading_the_shard_start_again(tmp_path: Path) -> None:
+    with wds.ShardWriter(str(tmp_path / "z-%03d.tar.gz"), maxcount=30) as sink:
+        for i in range(90):
+            sink.write({"__key__": f"z{i:04d}", "txt": str(i).encode()})
+    urls = str(tmp_path / "z-{000..002}.tar.gz")
+
+    def make() -> wds.WebDataset:
+        return wds.WebDataset(urls, shardshuffle=False).shuffle(20).to_tuple("__key__")
+
+    dataset = make()
+    it = iter(dataset)
+    head = [next(it) for _ in range(45)]
+    state = dataset.state_dict()
+    assert state["src.0.offset"] == -1  # no byte offset into a compressed stream
+    expected = list(it)
+    restored = make()
+    restored.load_state_dict(state)
+    assert list(restored) == expected
+    assert len(head) + len(expected) == 90

@@ -422,7 +422,7 @@ def iter_member_batches(
     :data:`Marks` of each batch before it is yielded (for resumable positions).
     """
     read, head = tar_source(stream, url)
-    compressed = read is not stream.read
+    compressed = getattr(read, "__self__", None) is not stream
     reader = _Reader(read, head, url, max(chunk_size, BLOCK))
     while True:
         buf, start = reader.buf, reader.pos
