@@ -318,7 +318,11 @@ class _EpochedLoader:
         if not isinstance(shipped, Shipped):
             return shipped
         worker = _worker_of(shipped)
-        self.states[worker] = shipped.state
+        state = shipped.state
+        if "replay" in state:  # the last whole state, and the items since
+            whole = self.states[worker] or {}
+            state = {**whole, "replay": state["replay"], "left": state["left"]}
+        self.states[worker] = state
         self.last_worker = worker
         return shipped.item
 

@@ -31,6 +31,7 @@ import base64
 import hashlib
 import itertools
 import logging
+import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -41,6 +42,7 @@ from ..tar.samples import ShardCursor
 from .shards import WorkerInfo
 
 __all__ = [
+    "SHIP_EVERY",
     "STATE_VERSION",
     "Ref",
     "RefSource",
@@ -57,6 +59,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+#: a WebLoader's worker sends its whole state with every this many items (see ``counted``)
+SHIP_EVERY = 8
 #: a buffered sample: (source index, shard index in the source's stream, ordinal, byte offset)
 Ref = tuple[int, int, int, int]
 State = dict[str, Any]
@@ -281,15 +285,36 @@ class ResumeBook:
         self.parts[name] = fn
 
     def counted(self, items: Iterator[Any]) -> Iterator[Any]:
-        """``items``, counting them (and sending the state along when :attr:`ship`)."""
-        if self.ship:
+        """``items``, counting them. A restore whose state says ``replay: r`` drops the
+        first r (they were yielded after the state was taken, see below).
+
+        When :attr:`ship` (a WebLoader's worker), each item goes out as :class:`Shipped`
+        with a state: the whole state with the first item and every :data:`SHIP_EVERY`-th,
+        and in between only ``{"replay": r, ...}``, the items since the last whole one, so
+        that a worker does not encode its shuffle buffer for every batch. A loader's state is
+        the last whole state plus ``replay``; a restore replays those few items from it."""
+        for _ in range(int(self.restoring.get("replay", 0))):
+            if next(items, _END) is _END:
+                return
+            self.yielded += 1
+        if not self.ship:
             for item in items:
                 self.yielded += 1
-                yield Shipped(item, self.state_dict())
+                yield item
             return
+        since = SHIP_EVERY
         for item in items:
             self.yielded += 1
-            yield item
+            if since >= SHIP_EVERY:
+                since = 0
+                yield Shipped(item, self.state_dict())
+                continue
+            since += 1
+            yield Shipped(item, {"replay": since, "worker": self.info.worker,
+                                 "yielded": self.yielded, "left": self._left()})
+
+    def _left(self) -> int:
+        return self.limit - self.yielded if self.limit >= 0 else -1
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -299,7 +324,7 @@ class ResumeBook:
         state: State = {
             "version": STATE_VERSION, "kind": self.kind, "fingerprint": self.fingerprint,
             "seed": self.seed, "epoch": self.epoch, "yielded": self.yielded,
-            "left": self.limit - self.yielded if self.limit >= 0 else -1,
+            "left": self._left(),
             "rank": info.rank, "world_size": info.world_size, "worker": info.worker,
             "num_workers": info.num_workers,
         }
@@ -363,59 +388,72 @@ class ResumableShuffle:
         self.initial = min(initial, bufsize)
 
     def run(self, src: Iterable[Any], rng: Any) -> Iterator[Any]:
-        """Shuffle ``src`` drawing from ``rng`` (a KeyedRandom of this iteration)."""
+        """Shuffle ``src`` drawing from ``rng`` (a KeyedRandom of this iteration).
+
+        The references are kept packed, 32 bytes a slot in buffer order, so that a state
+        (taken after every batch a DataLoader worker sends) costs one copy, not a loop."""
         book, source = self.book, self.source
         bufsize, initial = self.bufsize, self.initial
         buf: list[Any] = []
-        refs: list[Ref] = []
-        phase = [0]  # 0: filling and running, 1: the rest, shuffled
+        packed = bytearray(_REF_BYTES * bufsize)
+        head = [0, 0]  # the tail's next slot; the phase (0: filling and running, 1: the tail)
         saved = book.get("shuffle.buffer")
         if saved is not None:
             rng.skip(int(book.get("shuffle.draws", 0)))
             refs = decode_refs(saved)
             buf = source.refetch(refs)
-            phase[0] = int(book.get("shuffle.phase", 0))
+            packed[:len(refs) * _REF_BYTES] = base64.b64decode(saved)
+            head[1] = int(book.get("shuffle.phase", 0))
 
         def state() -> State:
-            out: State = {"shuffle.draws": rng.draws, "shuffle.phase": phase[0],
-                          "shuffle.buffer": encode_refs(refs)}
-            for i, k in {(r[0], r[1]) for r in refs}:
+            used = memoryview(packed)[head[0] * _REF_BYTES:len(buf) * _REF_BYTES]
+            out: State = {"shuffle.draws": rng.draws, "shuffle.phase": head[1],
+                          "shuffle.buffer": base64.b64encode(used).decode("ascii")}
+            rows = np.frombuffer(used, dtype="<i8").reshape(-1, 4)
+            for pair in np.unique((rows[:, 0] << 40) | rows[:, 1]).tolist():
+                i, k = pair >> 40, pair & ((1 << 40) - 1)
                 history = book.histories.get(i)
                 url = history().get(k) if history is not None else None
                 out[f"ref.{i}.{k}"] = url if url is not None else book.get(f"ref.{i}.{k}", "")
             return out
 
         book.part("shuffle", state)
-        rand, it = rng.random, iter(src)
-        if phase[0] == 0:
+        rand, it, pack, last = rng.random, iter(src), _PACK.pack_into, source.last_ref
+        if head[1] == 0:
             for sample in it:
                 if len(buf) < bufsize:
+                    pack(packed, len(buf) * _REF_BYTES, *last())
                     buf.append(sample)
-                    refs.append(source.last_ref())
                     if len(buf) < bufsize:
                         extra = next(it, _END)
                         if extra is not _END:
+                            pack(packed, len(buf) * _REF_BYTES, *last())
                             buf.append(extra)
-                            refs.append(source.last_ref())
                     if len(buf) < initial:
                         continue
-                    k = int(rand() * len(buf))
+                    k, n = int(rand() * len(buf)), len(buf) - 1
                     buf[k], buf[-1] = buf[-1], buf[k]
-                    refs[k], refs[-1] = refs[-1], refs[k]
-                    refs.pop()
+                    a, b = k * _REF_BYTES, n * _REF_BYTES
+                    packed[a:a + _REF_BYTES], packed[b:b + _REF_BYTES] = \
+                        packed[b:b + _REF_BYTES], packed[a:a + _REF_BYTES]
                     yield buf.pop()
                 else:
                     k = int(rand() * bufsize)
                     out, buf[k] = buf[k], sample
-                    refs[k] = source.last_ref()
+                    pack(packed, k * _REF_BYTES, *last())
                     yield out
             order = list(range(len(buf)))
             rng.shuffle(order)
-            buf, refs = [buf[i] for i in order], [refs[i] for i in order]
-            phase[0] = 1
-        while buf:
-            refs.pop(0)
-            yield buf.pop(0)
+            buf = [buf[i] for i in order]
+            packed[:len(order) * _REF_BYTES] = b"".join(
+                packed[i * _REF_BYTES:(i + 1) * _REF_BYTES] for i in order)
+            head[1] = 1
+        while head[0] < len(buf):
+            out, buf[head[0]] = buf[head[0]], None
+            head[0] += 1
+            yield out
 
 
+_REF_BYTES = 32
+_PACK = struct.Struct("<qqqq")
 _END: Any = object()
