@@ -251,3 +251,20 @@ def test_compressed_shards_resume_by_reading_the_shard_start_again(tmp_path: Pat
     restored.load_state_dict(state)
     assert list(restored) == expected
     assert len(head) + len(expected) == 90
+
+
+def test_another_world_size_is_named(spec_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def make() -> wds.WebDataset:
+        return wds.WebDataset(str(spec_file)).to_tuple("__key__").batched(4)
+
+    dataset = make()
+    it = iter(dataset)
+    next(it)
+    state = dataset.state_dict()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    restored = make()
+    restored.load_state_dict(state)
+    with pytest.raises(wds.ResumeError, match="world_size") as info:
+        next(iter(restored))
+    assert info.value.field == "world_size"
