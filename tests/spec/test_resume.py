@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from shardgen import write_tar
+from shardgen import put_source, write_tar
 from stores.base import Store
 
 import wds_cloud as wds
@@ -24,14 +24,12 @@ WORKER = Path(__file__).with_name("resume_worker.py")
 BATCHES = 60  # per epoch (resume_worker.py)
 
 
+def _members(name: str, shard: int, i: int) -> dict[str, bytes]:
+    return {"txt": f"{name} {shard} {i}".encode(), "cls": str(i).encode()}
+
+
 def _put_source(store: Store, tmp: Path, name: str, shards: int, per_shard: int) -> str:
-    for s in range(shards):
-        path = tmp / f"{name}-{s}.tar"
-        write_tar(path, [(f"{name}{s:02d}-{i:04d}", {"txt": f"{name} {s} {i}".encode(),
-                                                    "cls": str(i).encode()})
-                         for i in range(per_shard)])
-        store.put(f"resume/{name}-{s:03d}.tar", path.read_bytes())
-    return store.url(f"resume/{name}-{{000..{shards - 1:03d}}}.tar")
+    return put_source(store, tmp, "resume", name, shards, per_shard, _members)
 
 
 @pytest.fixture

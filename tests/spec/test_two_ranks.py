@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from shardgen import write_tar
+from shardgen import put_source
 from stores.base import Store
 
 from wds_cloud.spec import DatasetSpec
@@ -25,13 +25,12 @@ WORKER = Path(__file__).with_name("two_ranks_worker.py")
 EPOCHS, BATCH, PER_WORKER = 2, 50, 50  # per rank: 2 epochs x 2 workers x 50 batches x 50
 
 
+def _members(name: str, shard: int, i: int) -> dict[str, bytes]:
+    return {"txt": f"{name}".encode()}
+
+
 def _put_source(store: Store, tmp: Path, name: str, shards: int, per_shard: int) -> str:
-    for s in range(shards):
-        path = tmp / f"{name}-{s}.tar"
-        write_tar(path, [(f"{name}{s:02d}-{i:04d}", {"txt": f"{name}".encode()})
-                         for i in range(per_shard)])
-        store.put(f"mix/{name}-{s:03d}.tar", path.read_bytes())
-    return store.url(f"mix/{name}-{{000..{shards - 1:03d}}}.tar")
+    return put_source(store, tmp, "mix", name, shards, per_shard, _members)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, UnsafeURLError, WdsCloudError
@@ -60,24 +60,23 @@ exit status: 0 ok; 1 invalid spec (the message names the file and key); 2 shards
 missing or unmatched (the message names the source and URL)."""
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _int_from(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum`` (``what`` names that in errors)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+_positive = _int_from(1, "a positive integer")
+_count = _int_from(0, "an integer >= 0")
 
 
 def add_parser(sub: Any) -> None:
