@@ -43,19 +43,17 @@ use it or refuse it:
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import os
 import random
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
 from .errors import ConfigError
 from .handlers import Handler, reraise_exception
-from .io.readahead import ReadAhead
 from .pipeline import core as pipeline
 from .pipeline import filters, shards
 from .pipeline.core import pipelinefilter
@@ -63,9 +61,8 @@ from .pipeline.directory import DirectoryShardList
 from .pipeline.epochs import EpochCounter
 from .pipeline.exact import ExactEpochShards
 from .pipeline.fluid import FluidInterface
-from .pipeline.rng import SHUFFLE, KeyedRandom
 from .pipeline.shards import WorkerInfo
-from .pipeline.state import Ref, ResumableShuffle, ResumeBook, fingerprint, refetch, track_shards
+from .pipeline.state import ResumeBook, fingerprint
 from .pytorch import (
     DataPipeline,
     ResampledShards,
@@ -74,13 +71,13 @@ from .pytorch import (
     split_by_worker,
     worker_info,
 )
+from .reading import ReaderShuffle, ShardOpener, ShardReader, read_shards
 from .router import Router, expand_glob, gopen, with_cache
 from .settings import Settings
 from .tar import samples as tario
 
 # re-exported: webdataset code reaches them as ``wds.tariterators.*``
 from .tar.samples import (
-    ShardCursor,
     base_plus_ext,
     group_by_keys,
     tar_file_expander,
@@ -114,68 +111,6 @@ Sample = dict[str, Any]
 
 def _open(url: str, **kw: Any) -> BinaryIO:
     return gopen(url, "rb", **kw)
-
-
-@dataclass(frozen=True)
-class ShardOpener:
-    """Opens shards for reading with one :class:`Settings` and per-scheme ``storage_options``
-    (a picklable value, taken to DataLoader workers). :meth:`samples` reads a stream
-    of sources with the next ``settings.readahead`` shards opened in the background.
-
-    The :class:`~wds_cloud.router.Router` (parsed rewrite rules, AIStore mapping, shard cache)
-    is built once per process, on the first open: never pickled, and built anew in a forked
-    or spawned DataLoader worker."""
-
-    settings: Settings = field(default_factory=Settings)
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    url_to_name: Callable[[str], str] | None = None
-    _router: list[tuple[int, Router]] = field(default_factory=list, init=False, repr=False,
-                                              compare=False)
-
-    @property
-    def router(self) -> Router:
-        """This process's router (built on first use)."""
-        pid = os.getpid()
-        if not self._router or self._router[0][0] != pid:
-            self._router[:] = [(pid, Router(self.settings, self.storage_options,
-                                            self.url_to_name))]
-        return self._router[0][1]
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_router": []}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    def __call__(self, url: str, **kw: Any) -> BinaryIO:
-        return self.router.open(url, "rb", **kw)
-
-    def samples(
-        self, src: Iterable[Sample], handler: Handler, select_files: Any, rename_files: Any,
-        *, share: int = 1, cursor: tario.ShardCursor | None = None,
-    ) -> Iterator[Sample]:
-        """Samples of the shards of ``src``; ``share``: how many such streams one process
-        reads at once (a spec's sources), which split the read-ahead between them;
-        ``cursor`` keeps the position (for resumable state)."""
-        return read_shards(self, self.settings, src, handler, select_files, rename_files,
-                           share=share, cursor=cursor)
-
-
-def read_shards(
-    open_stream: Callable[..., BinaryIO], settings: Settings, src: Iterable[Sample],
-    handler: Handler, select_files: Any, rename_files: Any, *, share: int = 1,
-    cursor: tario.ShardCursor | None = None,
-) -> Iterator[Sample]:
-    """Samples of the shards ``{"url": ...}`` of ``src`` opened with ``open_stream``, the
-    next ``settings.readahead // share`` opened in the background."""
-    depth = settings.readahead
-    if depth and share > 1:
-        depth = max(1, depth // share)
-    max_bytes = settings.readahead_bytes // max(share, 1)
-    with ReadAhead(open_stream, depth=depth, max_bytes=max_bytes) as ahead:
-        yield from tario.samples_from_shards(ahead.sources(src), handler, select_files,
-                                             rename_files, open_stream=ahead.open,
-                                             cursor=cursor)
 
 
 def tarfile_samples(
@@ -482,7 +417,7 @@ class WebDataset(DataPipeline, FluidInterface):
             return self.compose(SpecShuffle(self.pipeline[0], size, kw.get("initial", 100)))
         if reader is not None and plain and isinstance(self.pipeline[-1], (ShardReader,
                                                                           check_empty)):
-            return self.compose(_ReaderShuffle(reader, size, kw.get("initial", 100)))
+            return self.compose(ReaderShuffle(reader, size, kw.get("initial", 100)))
         if self.book is not None:
             self.book.unsupported = ("a .shuffle() after other stages (put it right after the "
                                      "dataset, before decode/map, to resume)")
@@ -498,6 +433,7 @@ class WebDataset(DataPipeline, FluidInterface):
         if isinstance(getattr(first, "epochs", None), EpochCounter):
             saved = int(book.get("epoch", -1))
             book.epoch = saved if saved >= 0 else first.epochs.peek(book.info.worker)
+        keys: dict[str, str] = {}
         for n, stage in enumerate(self.pipeline):
             epochs = getattr(stage, "_epochs", None)
             if epochs is None:
@@ -507,11 +443,14 @@ class WebDataset(DataPipeline, FluidInterface):
                 explicit, started = saved.split(",")
                 epochs.explicit = None if explicit == "-" else int(explicit)
                 epochs.started = int(started)
-            key = f"{'-' if epochs.explicit is None else epochs.explicit},{epochs.started}"
-            book.part(f"epochs.{n}", functools.partial(dict, ((f"epochs.{n}", key),)))
+            name = f"epochs.{n}"
+            keys[name] = f"{'-' if epochs.explicit is None else epochs.explicit},{epochs.started}"
+            book.part(name, functools.partial(dict, ((name, keys[name]),)))
             if epochs.explicit is None and book.info.seed is not None:
                 book.unsupported = ("a DataLoader worker's epochs are numbered only if the "
                                     "epoch is set: call dataset.set_epoch(e) (WebLoader does)")
+        book.key = [int(x) for name in sorted(keys)
+                    for x in keys[name].replace("-", "-1").split(",")]
 
     def _complete(self, book: ResumeBook) -> None:
         first = self.pipeline[0]
@@ -535,74 +474,6 @@ class WebDataset(DataPipeline, FluidInterface):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class ShardReader(pipeline.PipelineStage):
-    """The stage reading shard items into samples, keeping its position in ``book``."""
-
-    def __init__(self, opener: ShardOpener, handler: Handler, select_files: Any,
-                 rename_files: Any, book: ResumeBook | None) -> None:
-        self.opener, self.handler, self.book = opener, handler, book
-        self.select_files, self.rename_files = select_files, rename_files
-        self._cursor = ShardCursor()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cursor": None}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._cursor = ShardCursor()
-
-    def run(self, src: Iterable[Sample]) -> Iterator[Sample]:
-        """Samples of the shard items of ``src``."""
-        self._cursor = cursor = ShardCursor()
-        if self.book is not None:
-            src = track_shards(self.book, 0, cursor, src)
-        return self.read(src, 0, cursor)
-
-    def read(self, items: Iterable[Sample], i: int, cursor: ShardCursor) -> Iterator[Sample]:
-        """Samples of ``items``, the position kept in ``cursor``."""
-        return self.opener.samples(items, self.handler, self.select_files, self.rename_files,
-                                   cursor=cursor)
-
-    def last_ref(self) -> Ref:
-        """The reference of the sample yielded last."""
-        cursor = self._cursor
-        ordinal, offset = cursor.last()
-        return 0, cursor.started - 1, ordinal, offset
-
-    def refetch(self, refs: list[Ref]) -> list[Sample]:
-        """The samples of ``refs``, read again."""
-        assert self.book is not None
-        return refetch(self.book, refs, self.read)
-
-
-class _ReaderShuffle(pipeline.PipelineStage):
-    """``WebDataset(urls).shuffle(n)``: a resumable buffer shuffle keyed by the seed, the
-    iteration's epoch keys and the slot."""
-
-    def __init__(self, reader: ShardReader, bufsize: int, initial: int) -> None:
-        self.reader, self.bufsize, self.initial = reader, bufsize, initial
-
-    def run(self, src: Iterable[Sample]) -> Iterator[Sample]:
-        it = iter(src)
-        first = next(it, _NOTHING)  # the shard stages have started: their keys are known
-        book = self.reader.book
-        assert book is not None
-        if first is _NOTHING:
-            if book.get("shuffle.buffer") is None:
-                return
-            first, it = None, iter(())  # resumed in the buffer's tail
-        info = book.info
-        keys = [int(x) for v in sorted(book.state_dict().items()) if v[0].startswith("epochs.")
-                for x in str(v[1]).replace("-", "-1").split(",")]
-        rng = KeyedRandom(book.seed, keys[-1] if keys else 0,
-                          info.rank * info.num_workers + info.worker, SHUFFLE, *keys[:-1])
-        shuffle = ResumableShuffle(book, self.reader, self.bufsize, self.initial)
-        yield from shuffle.run(it if first is None else itertools.chain([first], it), rng)
-
-
-_NOTHING: Any = object()
 
 
 def _exact_source(urls: Any, epoch_mode: str, remainder: str, resampled: bool, seed: int,

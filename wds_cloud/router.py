@@ -79,7 +79,7 @@ def scheme_options(storage_options: StorageOptions | None, scheme: str) -> dict[
 class Router:
     """Resolves and opens URLs according to one :class:`Settings`.
 
-    Built once per dataset and process (see :class:`wds_cloud.dataset.ShardOpener`): the
+    Built once per dataset and process (see :class:`wds_cloud.reading.ShardOpener`): the
     rewrite rules are parsed and the shard cache is made on first use, then kept.
     """
 

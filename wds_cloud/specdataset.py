@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .dataset import ShardOpener, read_shards
 from .handlers import Handler, reraise_exception
 from .pipeline.epochs import EpochCounter
 from .pipeline.shards import WorkerInfo
 from .pytorch import DataPipeline, worker_info
+from .reading import ShardOpener, read_shards
 from .router import expand_glob
 from .settings import Settings
 from .spec import DatasetSpec, load_spec

@@ -50,6 +50,7 @@ __all__ = [
     "associate",
     "batched",
     "buffer_shuffle",
+    "check_bufsize",
     "combine_values",
     "compose",
     "decode",
@@ -158,6 +159,13 @@ def _shuffled(it: Iterator[Any], bufsize: int, initial: int, rng: Any) -> Iterat
             yield out
     rng.shuffle(buf)
     yield from buf
+
+
+def check_bufsize(bufsize: object) -> int:
+    """``bufsize`` if it is a positive int (not a bool), else a :class:`ConfigError`."""
+    if isinstance(bufsize, bool) or not isinstance(bufsize, int) or bufsize < 1:
+        raise ConfigError(f"shuffle: bufsize must be a positive integer, got {bufsize!r}")
+    return bufsize
 
 
 def buffer_shuffle(it: Iterable[Any], bufsize: int, initial: int, rng: Any) -> Iterator[Any]:

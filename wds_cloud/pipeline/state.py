@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import ConfigError, ResumeError
 from ..tar.samples import ShardCursor
+from .filters import check_bufsize
 from .shards import WorkerInfo
 
 __all__ = [
@@ -214,11 +215,14 @@ class ResumeBook:
         self.limit = -1  # items this iteration yields in all, when known (with_epoch)
         self.epoch = -1
         self.info = WorkerInfo()
+        #: the epoch keys of the iteration's shard stages (a shard list's, for its shuffle)
+        self.key: list[int] = []
         self.histories: dict[int, Callable[[], dict[int, str]]] = {}
 
     def __getstate__(self) -> State:
         state = dict(self.__dict__)
-        for live in ("restoring", "parts", "yielded", "limit", "epoch", "info", "histories"):
+        for live in ("restoring", "parts", "yielded", "limit", "epoch", "info", "key",
+                     "histories"):
             state.pop(live, None)
         return state
 
@@ -354,10 +358,6 @@ class ResumeBook:
                     self.seed = int(one["seed"])  # no seed was chosen: take the saved one
         self.pending = dict(state)
 
-    def adopt(self) -> int:
-        """The seed to use (a loaded state's, when the user chose none)."""
-        return self.seed
-
 
 class Shipped:
     """An item sent from a DataLoader worker with the state after it."""
@@ -380,11 +380,9 @@ class ResumableShuffle:
 
     def __init__(self, book: ResumeBook, source: RefSource, bufsize: int,
                  initial: int = 100) -> None:
-        if isinstance(bufsize, bool) or not isinstance(bufsize, int) or bufsize < 1:
-            raise ConfigError(f"shuffle: bufsize must be a positive integer, got {bufsize!r}")
         self.book = book
         self.source = source
-        self.bufsize = bufsize
+        self.bufsize = check_bufsize(bufsize)
         self.initial = min(initial, bufsize)
 
     def run(self, src: Iterable[Any], rng: Any) -> Iterator[Any]:

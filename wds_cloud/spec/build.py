@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..pipeline.core import PipelineStage
 from ..pipeline.epochs import EpochCounter
-from ..pipeline.filters import buffer_shuffle
+from ..pipeline.filters import buffer_shuffle, check_bufsize
 from ..pipeline.rng import MIX, SHARDS, SHUFFLE, KeyedRandom
 from ..pipeline.shards import WorkerInfoSource, resolve_worker_info
 from ..pipeline.state import Ref, ResumableShuffle, ResumeBook, refetch, track_shards
@@ -363,10 +363,8 @@ class SpecShuffle(PipelineStage):
 
     def __init__(self, source: SpecMix | SpecEpochShards, bufsize: int,
                  initial: int = 100) -> None:
-        if isinstance(bufsize, bool) or not isinstance(bufsize, int) or bufsize < 1:
-            raise ConfigError(f"shuffle: bufsize must be a positive integer, got {bufsize!r}")
         self.source = source
-        self.bufsize = bufsize
+        self.bufsize = check_bufsize(bufsize)
         self.initial = initial
 
     def run(self, src: Iterable[Sample]) -> Iterator[Sample]:

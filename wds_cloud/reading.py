@@ -1,0 +1,148 @@
+"""Reading shards, bound to the router: the opener a dataset carries into its workers, the
+stage that turns shard items into samples keeping its place (for resumable state), and a
+shard list's resumable shuffle.
+
+Part of the composition root (with :mod:`wds_cloud.dataset` and
+:mod:`wds_cloud.specdataset`): it binds layer 2's readers and state to
+:class:`~wds_cloud.router.Router`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from .handlers import Handler
+from .io.readahead import ReadAhead
+from .pipeline import core as pipeline
+from .pipeline.rng import SHUFFLE, KeyedRandom
+from .pipeline.state import Ref, ResumableShuffle, ResumeBook, refetch, track_shards
+from .router import Router
+from .settings import Settings
+from .tar import samples as tario
+from .tar.samples import ShardCursor
+
+__all__ = ["ReaderShuffle", "ShardOpener", "ShardReader", "read_shards"]
+
+Sample = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ShardOpener:
+    """Opens shards for reading with one :class:`Settings` and per-scheme ``storage_options``
+    (a picklable value, taken to DataLoader workers). :meth:`samples` reads a stream
+    of sources with the next ``settings.readahead`` shards opened in the background.
+
+    The :class:`~wds_cloud.router.Router` (parsed rewrite rules, AIStore mapping, shard cache)
+    is built once per process, on the first open: never pickled, and built anew in a forked
+    or spawned DataLoader worker."""
+
+    settings: Settings = field(default_factory=Settings)
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    url_to_name: Callable[[str], str] | None = None
+    _router: list[tuple[int, Router]] = field(default_factory=list, init=False, repr=False,
+                                              compare=False)
+
+    @property
+    def router(self) -> Router:
+        """This process's router (built on first use)."""
+        pid = os.getpid()
+        if not self._router or self._router[0][0] != pid:
+            self._router[:] = [(pid, Router(self.settings, self.storage_options,
+                                            self.url_to_name))]
+        return self._router[0][1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_router": []}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __call__(self, url: str, **kw: Any) -> BinaryIO:
+        return self.router.open(url, "rb", **kw)
+
+    def samples(
+        self, src: Iterable[Sample], handler: Handler, select_files: Any, rename_files: Any,
+        *, share: int = 1, cursor: tario.ShardCursor | None = None,
+    ) -> Iterator[Sample]:
+        """Samples of the shards of ``src``; ``share``: how many such streams one process
+        reads at once (a spec's sources), which split the read-ahead between them;
+        ``cursor`` keeps the position (for resumable state)."""
+        return read_shards(self, self.settings, src, handler, select_files, rename_files,
+                           share=share, cursor=cursor)
+
+
+def read_shards(
+    open_stream: Callable[..., BinaryIO], settings: Settings, src: Iterable[Sample],
+    handler: Handler, select_files: Any, rename_files: Any, *, share: int = 1,
+    cursor: tario.ShardCursor | None = None,
+) -> Iterator[Sample]:
+    """Samples of the shards ``{"url": ...}`` of ``src`` opened with ``open_stream``, the
+    next ``settings.readahead // share`` opened in the background."""
+    depth = settings.readahead
+    if depth and share > 1:
+        depth = max(1, depth // share)
+    max_bytes = settings.readahead_bytes // max(share, 1)
+    with ReadAhead(open_stream, depth=depth, max_bytes=max_bytes) as ahead:
+        yield from tario.samples_from_shards(ahead.sources(src), handler, select_files,
+                                             rename_files, open_stream=ahead.open,
+                                             cursor=cursor)
+
+
+class ShardReader(pipeline.PipelineStage):
+    """The stage reading shard items into samples, keeping its position in ``book``."""
+
+    def __init__(self, opener: ShardOpener, handler: Handler, select_files: Any,
+                 rename_files: Any, book: ResumeBook | None) -> None:
+        self.opener, self.handler, self.book = opener, handler, book
+        self.select_files, self.rename_files = select_files, rename_files
+        self._cursor = ShardCursor()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_cursor": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cursor = ShardCursor()
+
+    def run(self, src: Iterable[Sample]) -> Iterator[Sample]:
+        """Samples of the shard items of ``src``."""
+        self._cursor = cursor = ShardCursor()
+        if self.book is not None:
+            src = track_shards(self.book, 0, cursor, src)
+        return self.read(src, 0, cursor)
+
+    def read(self, items: Iterable[Sample], i: int, cursor: ShardCursor) -> Iterator[Sample]:
+        """Samples of ``items``, the position kept in ``cursor``."""
+        return self.opener.samples(items, self.handler, self.select_files, self.rename_files,
+                                   cursor=cursor)
+
+    def last_ref(self) -> Ref:
+        """The reference of the sample yielded last."""
+        cursor = self._cursor
+        ordinal, offset = cursor.last()
+        return 0, cursor.started - 1, ordinal, offset
+
+    def refetch(self, refs: list[Ref]) -> list[Sample]:
+        """The samples of ``refs``, read again."""
+        assert self.book is not None
+        return refetch(self.book, refs, self.read)
+
+
+class ReaderShuffle(pipeline.PipelineStage):
+    """``WebDataset(urls).shuffle(n)``: a resumable buffer shuffle keyed by the seed, the
+    iteration's epoch keys and the slot."""
+
+    def __init__(self, reader: ShardReader, bufsize: int, initial: int) -> None:
+        self.reader, self.bufsize, self.initial = reader, bufsize, initial
+
+    def run(self, src: Iterable[Sample]) -> Iterator[Sample]:
+        book = self.reader.book
+        assert book is not None
+        info, key = book.info, book.key  # the iteration's epoch keys, known at its start
+        rng = KeyedRandom(book.seed, key[-1] if key else 0,
+                          info.rank * info.num_workers + info.worker, SHUFFLE, *key[:-1])
+        shuffle = ResumableShuffle(book, self.reader, self.bufsize, self.initial)
+        return shuffle.run(src, rng)
