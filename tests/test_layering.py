@@ -68,7 +68,7 @@ def test_exports_come_from_the_module_the_table_names() -> None:
             continue  # curried stages and constants
         defined_in = value.__module__
         assert defined_in.startswith("wds_cloud"), (name, defined_in)
-    for room in [*L2_ROOMS, "stores", "cache", "cli", "testing"]:
+    for room in [*L2_ROOMS, "stores", "cache", "cli", "parallel", "testing"]:
         package = importlib.import_module(f"wds_cloud.{room}")
         assert [n for n in package.__all__ if not hasattr(package, n)] == [], room
 

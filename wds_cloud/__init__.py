@@ -129,6 +129,9 @@ _EXPORTS: dict[str, str] = {
     "TarWriter": "tar.writer",
     "numpy_dumps": "tar.writer",
     "torch_dumps": "tar.writer",
+    # per-shard tasks in parallel (this process, concurrent.futures or Dask)
+    "create_shards": "parallel",
+    "map_shards": "parallel",
     # integration
     "FluidInterface": "dataset",
     "FluidWrapper": "dataset",
@@ -154,8 +157,8 @@ _MODULE_ALIASES: dict[str, str] = {
 }
 #: the rooms and top-level modules, importable as attributes like any submodule
 _SUBMODULES = frozenset({
-    "cache", "cli", "codecs", "dataset", "errors", "handlers", "io", "pipeline", "pytorch",
-    "router", "settings", "stores", "tar", "testing", "urls",
+    "cache", "cli", "codecs", "dataset", "errors", "handlers", "io", "parallel", "pipeline",
+    "pytorch", "router", "settings", "stores", "tar", "testing", "urls",
 })
 
 __all__ = sorted(_EXPORTS)

@@ -16,7 +16,9 @@ or ``except ValueError`` keeps working::
     ├── CacheError(OSError) ── CacheValidationError
     ├── ShardFormatError(ValueError, tarfile.ReadError)  .url, .member, .offset
     ├── DecodingError(ValueError)               .url, .key, .k (field), .sample
-    └── EncodingError(ValueError)               a field that cannot be turned into bytes
+    ├── EncodingError(ValueError)               a field that cannot be turned into bytes
+    └── ShardTaskError(RuntimeError)            .failed {shard: error}, .report: per-shard
+                                                tasks that failed after their retries
 
 Messages say what went wrong, why, and how to fix it. URLs are shown through
 :func:`wds_cloud.urls.redact` so signed query strings and keys never reach a message.
@@ -43,6 +45,7 @@ __all__ = [
     "ResumeError",
     "ShardFormatError",
     "ShardNotFoundError",
+    "ShardTaskError",
     "SpecError",
     "TransferError",
     "UnsafeURLError",
@@ -222,3 +225,19 @@ class DecodingError(WdsCloudError, ValueError):
 
 class EncodingError(WdsCloudError, ValueError):
     """A field of a sample could not be turned into bytes."""
+
+
+class ShardTaskError(WdsCloudError, RuntimeError):
+    """Per-shard tasks (``create_shards``, ``map_shards``) failed after their retries; all the
+    other tasks completed. ``failed`` maps each failed shard (its input URL, or its output
+    when it has no input) to the last error; ``report`` is the run's whole report."""
+
+    def __init__(self, message: str, *, failed: dict[str, str] | None = None,
+                 report: Any = None) -> None:
+        super().__init__(message)
+        self.failed = dict(failed or {})
+        self.report = report
+
+    def __reduce__(self) -> Any:
+        return (partial(ShardTaskError, failed=self.failed, report=self.report),
+                (str(self.args[0]) if self.args else "",))
