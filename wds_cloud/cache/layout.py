@@ -3,6 +3,8 @@
 ::
 
     <root>/CACHEDIR.TAG            marks the directory as a cache for backup tools
+    <root>/bound.json              the bound (``max_bytes``) the last process with one used,
+                                   for ``wds-cloud cache du``/``prune`` run without a size
     <root>/data/<name>             published shards, complete and validated
     <root>/meta/<name>.json        their validation records (url, size, version, crc32)
     <root>/partial/<name>          shards being downloaded
@@ -183,6 +185,24 @@ class CacheLayout:
             raise CacheError(f"cannot use {self.root!r} as the shard cache directory: {exc}; "
                              "set WDS_CACHE or cache_dir= to a writable directory") from exc
         _READY.add(self.root)
+
+    def record_bound(self, max_bytes: int | None) -> None:
+        """Note ``max_bytes`` in the directory (if set and not noted already) for the admin
+        commands, which run without the job's ``cache_size``; best effort."""
+        if max_bytes is None or self.recorded_bound() == max_bytes:
+            return
+        with contextlib.suppress(OSError):  # a read-only cache still works; du shows no bound
+            write_atomic(os.path.join(self.root, "bound.json"),
+                         json.dumps({"max_bytes": max_bytes}))
+
+    def recorded_bound(self) -> int | None:
+        """The bound the last process that had one noted (:meth:`record_bound`), or None."""
+        try:
+            with open(os.path.join(self.root, "bound.json"), encoding="utf-8") as f:
+                value = json.load(f).get("max_bytes")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     def names(self, sub: str = "data") -> Iterator[os.DirEntry[str]]:
         """The files of ``data`` (or another subdirectory), skipping temporary files."""
