@@ -143,6 +143,22 @@ def test_du_takes_wds_cache_and_reports_entries_total_and_limit(
     assert code == 0 and "limit: 10.0 MiB (WDS_CACHE_SIZE)" in out
 
 
+def test_du_shows_the_bound_a_job_gave_in_code(
+    filled: Filled, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job's ``cache_size=`` is noted in the directory, so ``du`` and ``prune`` run without
+    WDS_CACHE_SIZE know it; WDS_CACHE_SIZE, when set, wins."""
+    dataset = wds.WebDataset(filled.urls[:1], cache_dir=str(filled.cache), cache_size="300MB",
+                             shardshuffle=False)
+    assert sum(1 for _ in dataset) > 0
+    code, out, _ = cache_cli(capsys, "du", "--dir", str(filled.cache))
+    assert code == 0 and (f"limit: {human_size(300 * 10**6)} (noted by the last job that used "
+                          "the cache with a bound)") in out, out
+    monkeypatch.setenv("WDS_CACHE_SIZE", "10MiB")
+    code, out, _ = cache_cli(capsys, "du", "--dir", str(filled.cache))
+    assert code == 0 and "limit: 10.0 MiB (WDS_CACHE_SIZE)" in out
+
+
 def test_wds_cloud_cache_du_as_a_command(filled: Filled, tmp_path: Path) -> None:
     """The installed ``wds-cloud`` script; ``~`` in WDS_CACHE is expanded."""
     home = tmp_path / "home"
@@ -173,13 +189,13 @@ def test_verify_catches_corrupted_entries_and_they_are_fetched_again(
     assert re.search(rf"problem: {re.escape(flipped)} \({re.escape(filled.urls[1])}\): "
                      r"CRC-32 .*; removed", out)
     assert re.search(rf"problem: {re.escape(cut)} \(.*\): 1000 bytes on disk, .*; removed", out)
-    assert f"checked {SHARDS} entries: 2 problem(s)" in out
+    assert f"checked {SHARDS} entries: 2 problems" in out
     for name in (flipped, cut):
         assert not (filled.cache / "data" / name).exists()
         assert not (filled.cache / "meta" / f"{name}.json").exists()
     assert len(filled.data()) == SHARDS - 2
     code, out, _ = cache_cli(capsys, "verify", "--dir", str(filled.cache))
-    assert (code, out) == (0, f"checked {SHARDS - 2} entries: 0 problem(s)\n")
+    assert (code, out) == (0, f"checked {SHARDS - 2} entries: 0 problems\n")
     assert filled.read_all() == filled.samples
     assert filled.gets() == ["shard-1.tar", "shard-3.tar"]
 
@@ -216,14 +232,14 @@ def test_prune_and_clear_keep_an_entry_being_read(
     held = filled.name_of(2)
     with wds.gopen(filled.urls[2], cache_dir=str(filled.cache)) as stream:
         code, out, _ = cache_cli(capsys, "prune", "--dir", str(filled.cache), "--to", "0")
-        assert code == 0 and f"evicted {SHARDS - 1} entries; now 1 entries" in out
+        assert code == 0 and f"evicted {SHARDS - 1} entries; now 1 entry" in out
         assert "still above the target" in out
         code, out, _ = cache_cli(capsys, "clear", "--dir", str(filled.cache))
         assert code == 0 and out.startswith("removed 0 entries; kept 1 in use;")
         assert [p.name for p in filled.data()] == [held]
         assert len(stream.read()) == (filled.cache / "data" / held).stat().st_size
     code, out, _ = cache_cli(capsys, "clear", "--dir", str(filled.cache))
-    assert code == 0 and out.startswith("removed 1 entries; kept 0 in use;")
+    assert code == 0 and out.startswith("removed 1 entry; kept 0 in use;")
     assert filled.data() == [] and list((filled.cache / "meta").iterdir()) == []
     assert list((filled.cache / "partial").iterdir()) == []
     assert filled.read_all() == filled.samples
@@ -261,15 +277,15 @@ def test_a_download_in_progress_then_left_by_a_killed_process(
         code, out, _ = cache_cli(capsys, "clear", "--dir", str(filled.cache))
         assert code == 0
         assert out.startswith(f"removed {SHARDS} entries; kept 0 in use;")
-        assert out.rstrip().endswith("1 download(s) still in progress")  # alive: left alone
+        assert out.rstrip().endswith("1 download still in progress")  # alive: left alone
         assert any(p.name.startswith("big.") for p in partial.iterdir())
     finally:
         guard.cancel()
         child.send_signal(signal.SIGKILL)
         child.communicate(timeout=WAIT)
     code, out, _ = cache_cli(capsys, "clear", "--dir", str(filled.cache))
-    assert code == 0 and out.rstrip().endswith("0 download(s) still in progress")
-    stale = re.search(r"removed (\d+) download\(s\) left by dead processes", out)
+    assert code == 0 and out.rstrip().endswith("0 downloads still in progress")
+    stale = re.search(r"removed (\d+) downloads? left by dead processes", out)
     assert stale and int(stale.group(1)) == 1, out
     assert list(partial.iterdir()) == [] and filled.data() == []
     code, out, _ = cache_cli(capsys, "du", "--dir", str(filled.cache))

@@ -1,6 +1,7 @@
-"""The ``wds-cloud`` command: ``main.py`` builds the parser; one module per command (``inspect``,
-``bench``, ``pack``, ``demo``, ``cache``), each with ``add_parser(subparsers)`` and its ``cmd_*``;
-``common.py`` holds what they share (the progress line, shard specs)."""
+"""The ``wds-cloud`` command: ``main.py`` builds the parser from one module per command (``ls``,
+``inspect``, ``head``, ``bench``, ``create``, ``mapshards``, ``cache``, ``spec``, ``serve_s3``,
+``demo``), each with ``add_parser(subparsers)``; ``common.py`` holds what they share (options,
+inputs, progress bars, ``--json``, exit codes)."""
 
 from __future__ import annotations
 

@@ -18,9 +18,10 @@ import time
 from typing import Any
 
 from ..cache import admin as cacheadmin
+from ..cache.layout import CacheLayout
 from ..cache.shardcache import ShardCache
-from ..errors import ConfigError
-from ..settings import Settings, expand_path, human_size, parse_size
+from ..settings import Settings, expand_path, human_size
+from .common import command_parser, plural, size_arg
 
 __all__ = ["add_parser", "cmd_cache"]
 
@@ -29,12 +30,14 @@ _DESCRIPTION = ("Look after the on-disk shard cache. Each command takes --dir DI
                 "WDS_CACHE) and is safe to run while other processes read through the cache: "
                 "entries being read or downloaded are kept.")
 _TAG = "CACHEDIR.TAG"
+_EXIT = ("exit status: 0 done; 1 verify found bad entries (removed); 2 no usable cache "
+         "directory, or a bad argument")
 
 
 def add_parser(sub: Any) -> None:
     """Register ``cache`` and its subcommands on the ``wds-cloud`` subparsers ``sub``."""
-    parser = sub.add_parser("cache", help="list, measure, verify, prune or clear the shard cache",
-                            description=_DESCRIPTION)
+    parser = command_parser(sub, "cache", help="list, measure, verify, prune or clear the "
+                            "shard cache", description=_DESCRIPTION)
     actions = parser.add_subparsers(dest="cache_command", required=True, metavar="COMMAND")
     helps = {
         "ls": "one line per entry (size, last used, URL, name), least recently used first",
@@ -44,20 +47,12 @@ def add_parser(sub: Any) -> None:
         "clear": "remove every entry not in use and the downloads of dead processes",
     }
     for name, text in helps.items():
-        p = actions.add_parser(name, help=text, description=text)
+        p = command_parser(actions, name, help=text, description=text, epilog=_EXIT)
         p.add_argument("--dir", help="the cache directory (default: WDS_CACHE)")
         if name == "prune":
-            p.add_argument("--to", required=True, type=_size, metavar="SIZE",
+            p.add_argument("--to", required=True, type=size_arg, metavar="SIZE",
                            help="bytes to keep at most: 500MiB, 1e9, 50GB, ...")
     parser.set_defaults(func=cmd_cache)
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(
-            f"cannot read {text!r} as a size; write e.g. 500MiB, 1e9 or 50GB") from exc
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -72,7 +67,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if not (os.path.exists(os.path.join(root, _TAG)) or os.path.isdir(os.path.join(root, "data"))):
         return _fail(f"{root} is not a wds_cloud shard cache (it has no {_TAG} and no data/); "
                      "check --dir / WDS_CACHE")
-    cache = ShardCache(root, max_bytes=settings.cache_size)
+    bound, args.bound_from = settings.cache_size, "WDS_CACHE_SIZE"
+    if bound is None:
+        bound = CacheLayout(root).recorded_bound()
+        args.bound_from = "noted by the last job that used the cache with a bound"
+    cache = ShardCache(root, max_bytes=bound)
     command = _COMMANDS[args.cache_command]
     if args.cache_command in ("verify", "prune", "clear"):
         cache.layout.ensure()  # a cache missing a subdirectory gets it back before changes
@@ -98,14 +97,14 @@ def _du(cache: ShardCache, args: argparse.Namespace) -> int:
     use = cacheadmin.usage(cache)
     charged = use.charged
     print(f"cache: {cache.root}")
-    print(f"entries: {use.entries}, {human_size(use.bytes)} ({use.bytes} bytes; "
+    print(f"entries: {use.entries:,}, {human_size(use.bytes)} ({use.bytes} bytes; "
           f"{human_size(charged)} counted against the limit)")
-    print(f"downloads in progress: {use.downloads}, {human_size(use.download_bytes)}")
+    print(f"downloads in progress: {use.downloads:,}, {human_size(use.download_bytes)}")
     if use.limit is None:
         print("limit: none (set WDS_CACHE_SIZE to bound the cache)")
     else:
         share = f", {100 * charged / use.limit:.1f}% used" if use.limit else ""
-        print(f"limit: {human_size(use.limit)} (WDS_CACHE_SIZE){share}")
+        print(f"limit: {human_size(use.limit)} ({args.bound_from}){share}")
     return 0
 
 
@@ -114,7 +113,7 @@ def _verify(cache: ShardCache, args: argparse.Namespace) -> int:
     for p in problems:
         fate = "removed" if p.removed else "kept"
         print(f"problem: {p.name} ({p.url}): {p.why}; {fate}")
-    print(f"checked {checked} entries: {len(problems)} problem(s)"
+    print(f"checked {plural(checked, 'entry', 'entries')}: {plural(len(problems), 'problem')}"
           + (", removed; they are fetched again when next read" if problems else ""))
     return 1 if problems else 0
 
@@ -126,7 +125,8 @@ def _prune(cache: ShardCache, args: argparse.Namespace) -> int:
         e = before.get(name)
         print(f"evicted {human_size(e.size) if e else '?':>10}  {e.url if e else '?'}  {name}")
     left = cacheadmin.entries(cache)
-    print(f"evicted {len(evicted)} entries; now {len(left)} entries, "
+    print(f"evicted {plural(len(evicted), 'entry', 'entries')}; now "
+          f"{plural(len(left), 'entry', 'entries')}, "
           f"{human_size(used)} (target {human_size(args.to)})")
     if used > args.to:
         print(f"still above the target: {human_size(used)} is charged by entries in use; run "
@@ -137,8 +137,9 @@ def _prune(cache: ShardCache, args: argparse.Namespace) -> int:
 def _clear(cache: ShardCache, args: argparse.Namespace) -> int:
     removed, kept, stale = cacheadmin.clear(cache)
     downloads = cacheadmin.usage(cache).downloads
-    print(f"removed {removed} entries; kept {kept} in use; removed {stale} download(s) left by "
-          f"dead processes; {downloads} download(s) still in progress")
+    print(f"removed {plural(removed, 'entry', 'entries')}; kept {kept:,} in use; removed "
+          f"{plural(stale, 'download')} left by dead processes; {plural(downloads, 'download')} "
+          "still in progress")
     return 0
 
 

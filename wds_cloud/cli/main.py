@@ -1,5 +1,6 @@
-"""``wds-cloud``: inspect, benchmark and pack WebDataset shards, look after a shard cache, and
-run the demo job.
+"""``wds-cloud``: list, inspect, benchmark and create WebDataset shards, transform them in
+parallel, look after a shard cache, check dataset specs, serve a local S3 server and run the
+demo job.
 
 ``main.py`` builds the parser from one module per command (each has ``add_parser(sub)``); the
 commands sit on top of the public API (``import wds_cloud as wds``). The CLI is the only part of
@@ -9,27 +10,62 @@ the package that prints.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
-import wds_cloud as wds
-
-from . import bench, cache, demo, inspect, pack, spec
+from ..errors import (
+    ConfigError,
+    MissingDependencyError,
+    OpenError,
+    UnsafeURLError,
+    UnsupportedSchemeError,
+    WdsCloudError,
+)
+from .common import EXIT_CODES, INTERRUPTED, OK, PROBLEMS, UNUSABLE, Formatter
 
 __all__ = ["build_parser", "main"]
 
+#: the commands, in the order ``--help`` lists them (module names under ``wds_cloud.cli``)
+COMMANDS = ("ls", "inspect", "head", "bench", "create", "mapshards", "cache", "spec",
+            "serve_s3", "demo")
+
+_DESCRIPTION = """\
+Work with WebDataset shards wherever they are: local paths, s3://, gs://, az://, http(s)://,
+ais://, pipe: commands. Every command that reads shards takes paths, URLs, brace patterns,
+globs and dataset specs, and storage options (-o KEY=VALUE or --storage-options JSON).
+
+examples:
+  wds-cloud ls 's3://bucket/train-*.tar' -o endpoint_url=http://127.0.0.1:9000
+  wds-cloud inspect 'shards/train-{000000..000009}.tar' --all
+  wds-cloud head shards/train-000000.tar -n 3
+  wds-cloud bench config/train.yaml --workers 4 --plot bench.png
+  wds-cloud create ./images --output 'out/train-%06d.tar' --maxsize 100MB --workers 4
+  wds-cloud serve-s3 ./buckets --port 9000
+
+Run 'wds-cloud COMMAND --help' for a command's options."""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="wds-cloud", description="Inspect, benchmark and pack WebDataset shards, look after "
-        "a shard cache, and run the demo job.")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for command in (inspect, bench, pack, demo, cache, spec):
-        command.add_parser(sub)
+    parser = argparse.ArgumentParser(prog="wds-cloud", description=_DESCRIPTION,
+                                     epilog=EXIT_CODES, formatter_class=Formatter)
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (-vv: debug); also after the command")
+    parser.add_argument("-q", "--quiet", action="store_true", default=False,
+                        help="no progress bars; also after the command")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"{__package__}.{name}").add_parser(sub)
     return parser
+
+
+def exit_status(exc: WdsCloudError) -> int:
+    """Input that cannot be found, reached or used as given: 2; problems found in it: 1."""
+    unusable = (ConfigError, OpenError, UnsupportedSchemeError, MissingDependencyError,
+                UnsafeURLError)
+    return UNUSABLE if isinstance(exc, unusable) else PROBLEMS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,10 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args))
-    except wds.WdsCloudError as exc:
-        print(f"wds-cloud: error: {exc}", file=sys.stderr)
-        return 1
+    except WdsCloudError as exc:
+        print(f"wds-cloud {args.command}: error: {exc}", file=sys.stderr)
+        return exit_status(exc)
     except KeyboardInterrupt:
-        return 130
-
-
+        print(f"wds-cloud {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except BrokenPipeError:
+        # the reader of stdout went away (``wds-cloud ls ... | head``): stop quietly, and keep
+        # Python from complaining again when it flushes stdout at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return OK

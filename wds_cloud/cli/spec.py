@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, UnsafeURLError, WdsCloudError
 from ..settings import Settings
 from ..urls import redact
+from .common import add_input_options, command_parser, count_arg, source_options, storage_options
 from .specreport import (
     Found,
     Shape,
@@ -60,33 +61,18 @@ exit status: 0 ok; 1 invalid spec (the message names the file and key); 2 shards
 missing or unmatched (the message names the source and URL)."""
 
 
-def _int_from(minimum: int, what: str) -> Callable[[str], int]:
-    """An argparse ``type``: an integer >= ``minimum`` (``what`` names that in errors)."""
 
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-
-    return parse
-
-
-_positive = _int_from(1, "a positive integer")
-_count = _int_from(0, "an integer >= 0")
+_positive = count_arg(1)
+_count = count_arg(0)
 
 
 def add_parser(sub: Any) -> None:
     """Register ``spec`` and ``spec check`` on the ``wds-cloud`` subparsers ``sub``."""
-    parser = sub.add_parser("spec", help="check a dataset spec (YAML/JSON)",
-                            description="Work with dataset specs (YAML/JSON).")
+    parser = command_parser(sub, "spec", help="check a dataset spec (YAML/JSON)",
+                            description="Work with dataset specs (YAML/JSON).", epilog=None)
     actions = parser.add_subparsers(dest="spec_command", required=True, metavar="COMMAND")
-    p = actions.add_parser("check", help="validate a spec; per source: shards, bytes, shares, "
-                           "per-epoch reads; warnings", description=_CHECK,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(actions, "check", help="validate a spec; per source: shards, bytes, "
+                       "shares, per-epoch reads; warnings", description=_CHECK, epilog=None)
     p.add_argument("file", metavar="FILE", help="the spec: .yaml, .yml or .json")
     p.add_argument("--world-size", type=_positive, default=1, metavar="R",
                    help="ranks (default 1)")
@@ -104,6 +90,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--allow-pipe", action="store_true", help="accept pipe: URLs in the spec")
     p.add_argument("--no-list", action="store_true",
                    help="no I/O: do not list or read shards (shares from the spec alone)")
+    add_input_options(p, inputs=False)
     parser.set_defaults(func=cmd_spec)
 
 
@@ -118,13 +105,18 @@ def cmd_spec(args: argparse.Namespace) -> int:
         return _invalid(str(exc), hint=isinstance(exc, UnsafeURLError))
     except OSError as exc:  # the file itself
         return _invalid(f"cannot read {args.file}: {exc.strerror or exc}")
+    try:
+        cli_options = storage_options(args)
+    except ConfigError as exc:
+        return _invalid(str(exc))
     seed, seed_from = _seed(args.seed, settings, spec)
     shape = Shape(args.world_size, args.workers, args.batch_size, args.epoch_batches)
     found = [Found() for _ in spec.sources]
     invalid: list[str] = []
     errors: list[str] = []
     if not args.no_list:
-        found, invalid, errors = _probe_all(spec, settings, quiet=args.quiet or args.json)
+        found, invalid, errors = _probe_all(spec, settings, cli_options,
+                                             quiet=args.quiet or args.json)
     rows = rows_of(spec, found, shape, seed)
     warnings = warnings_of(spec, rows, shape)
     sim = None
@@ -185,7 +177,7 @@ class _Steps:
         self.bar.close()
 
 
-def _probe_all(spec: DatasetSpec, settings: Settings, *,
+def _probe_all(spec: DatasetSpec, settings: Settings, cli_options: dict[str, Any], *,
                quiet: bool) -> tuple[list[Found], list[str], list[str]]:
     """List and sample every source: (found per source, spec errors, I/O errors)."""
     steps = _Steps(2 * len(spec.sources), enabled=not quiet)
@@ -199,7 +191,7 @@ def _probe_all(spec: DatasetSpec, settings: Settings, *,
                      f"{redact(source.pattern)!r})")
             got = Found()
             try:
-                _probe(spec, source, settings, got, steps, listings)
+                _probe(spec, source, settings, got, steps, listings, cli_options)
             except ConfigError as exc:
                 got.error = str(exc)
                 invalid.append(f"invalid spec: {where}: {exc}")
@@ -223,25 +215,16 @@ def _probe_all(spec: DatasetSpec, settings: Settings, *,
     return found, invalid, errors
 
 
-def _options(spec: DatasetSpec, source: SourceSpec) -> dict[str, dict[str, Any]]:
-    """The storage options of ``source``: the spec's, then the source's, per scheme and key
-    (as ``WebDataset(spec)`` merges them)."""
-    out: dict[str, dict[str, Any]] = {}
-    for layer in (spec.storage_options, source.storage_options):
-        for scheme, options in layer.items():
-            out.setdefault(scheme, {}).update(options)
-    return out
-
 
 def _probe(spec: DatasetSpec, source: SourceSpec, settings: Settings, got: Found,
-           steps: _Steps, listings: Listings) -> None:
+           steps: _Steps, listings: Listings, cli_options: dict[str, Any]) -> None:
     """Fill ``got``: list ``source``'s shards, then count the samples of its smallest."""
     import wds_cloud as wds
 
     from ..listing import shard_sizes
     from ..router import Router, expand_glob
 
-    options = _options(spec, source)
+    options = source_options(cli_options, spec, source)
     router = Router(settings, options)
     urls = expand_glob(list(source.urls), router=router)
     sizes = shard_sizes(urls, router=router, listings=listings)
