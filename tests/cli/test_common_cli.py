@@ -179,3 +179,21 @@ def test_serve_s3_json(tmp_path: Path) -> None:
     finally:
         server.terminate()
         assert server.wait(20) == 0
+
+
+def test_an_error_in_a_dataloader_worker_is_one_clean_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """torch puts the worker's traceback into the message of the error it re-raises; the
+    CLI shows the original message, the shard and offset, and which worker."""
+    from wds_cloud.cli import main
+
+    good = write_tar(tmp_path / "good.tar", [(f"k{i}", {"txt": b"x" * 600}) for i in range(4)])
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(Path(good).read_bytes()[:2000])
+    code = main(["bench", str(cut), "--workers", "1", "--no-baseline", "-q"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("wds-cloud bench: error: truncated") and str(cut) in err, err
+    assert err.rstrip().endswith("(in DataLoader worker process 0)"), err

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -68,6 +69,25 @@ def exit_status(exc: WdsCloudError) -> int:
     return UNUSABLE if isinstance(exc, unusable) else PROBLEMS
 
 
+_WORKER = re.compile(r"^Caught \w+ in (DataLoader worker process \d+)\.\n"
+                     r"Original Traceback \(most recent call last\):\n", re.S)
+
+
+def error_message(exc: BaseException) -> str:
+    """``exc``'s message for a user: an error raised in a DataLoader worker comes back with the
+    worker's traceback in its message (torch's ``ExceptionWrapper``); keep its last line, the
+    original message, and say which worker."""
+    text = str(exc)
+    found = _WORKER.match(text)
+    if found is None:
+        return text
+    last = text.rstrip().rsplit("\n", 1)[-1]
+    name = type(exc).__name__
+    for prefix in (f"{type(exc).__module__}.{name}: ", f"{name}: "):
+        last = last.removeprefix(prefix)
+    return f"{last} (in {found.group(1)})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
@@ -75,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except WdsCloudError as exc:
-        print(f"wds-cloud {args.command}: error: {exc}", file=sys.stderr)
+        print(f"wds-cloud {args.command}: error: {error_message(exc)}", file=sys.stderr)
         return exit_status(exc)
     except KeyboardInterrupt:
         print(f"wds-cloud {args.command}: interrupted", file=sys.stderr)
