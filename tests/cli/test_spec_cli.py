@@ -104,8 +104,8 @@ def test_rows_of_local_sources(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     warnings = "\n".join(report["warnings"])
     assert "a: read 1.2 times per epoch (about 248 samples expected from about 200" in warnings
     assert "b: read 2.5 times per epoch" in warnings  # 0.373 * 400 samples of 60 in b
-    assert "b: 2 shard(s) for 4 slots (2 rank(s) x 2 worker(s))" in warnings
-    assert "c: 1 shard(s) for 4 slots" in warnings and "a: 4 shard" not in warnings
+    assert "b: 2 shards for 4 slots (2 ranks x 2 workers)" in warnings
+    assert "c: 1 shard for 4 slots" in warnings and "a: 4 shard" not in warnings
     assert "c: expected share 0.62% is under 1%" in warnings
     assert report["simulation"] is None
 
@@ -114,9 +114,9 @@ def test_the_table(capsys: pytest.CaptureFixture[str], tmp_path: Path, local_pat
     code, out, err = _check(capsys, local_path, "--batch-size", "10", "--epoch-batches", "3")
     assert code == 0 and err == ""
     lines = out.splitlines()
-    assert lines[0] == f"spec: {local_path}: 3 source(s), weighted mix"
+    assert lines[0] == f"spec: {local_path}: 3 sources, weighted mix"
     assert lines[1] == "seed: 11 (the spec)"
-    assert lines[2].startswith("epoch: 1 rank(s) x 1 worker(s) = 1 slot(s); 3 batches x 10")
+    assert lines[2].startswith("epoch: 1 rank x 1 worker = 1 slot; 3 batches x 10")
     header = lines[4]
     assert header.split()[:4] == ["source", "shards", "size", "samples~"]
     rows = {line.split()[0]: line for line in lines[5:8]}
@@ -146,7 +146,7 @@ def test_simulate_draws_the_realized_shares(capsys: pytest.CaptureFixture[str],
         assert abs(s["observed"] - s["realized"]) < 0.01, s
     assert sum(s["count"] for s in sim["sources"]) == 30000
     code, out, _ = _check(capsys, local_path, "--simulate", "1000", "--no-list")
-    assert "simulation: 1,000 draws per slot x 1 slot(s) = 1,000 (epoch 0, seed 11" in out
+    assert "simulation: 1,000 draws per slot x 1 slot = 1,000 (epoch 0, seed 11" in out
     monkeypatch.setenv("WDS_SEED", "9")  # argument > WDS_SEED > the spec's seed
     code, out, _ = _check(capsys, local_path, "--simulate", "1000", "--no-list")
     assert "seed: 9 (WDS_SEED)" in out and "(epoch 0, seed 9;" in out
@@ -226,7 +226,7 @@ def test_counted_spec_shows_shards_per_epoch(capsys: pytest.CaptureFixture[str],
     assert report["simulation"] is None
     warnings = "\n".join(report["warnings"])
     assert "r: read 3.0 times per epoch" in warnings
-    assert "an epoch has 8 shard(s) for 12 slots" in warnings and "nothing to simulate" in warnings
+    assert "an epoch has 8 shards for 12 slots" in warnings and "nothing to simulate" in warnings
     code, out, _ = _check(capsys, path)
     assert "counted: per-epoch shard lists" in out and "resample 6" in out and "choose 2" in out
 
@@ -277,7 +277,7 @@ def test_as_a_subprocess(tmp_path: Path, local_path: str) -> None:
                           "--simulate", "100"], capture_output=True, text=True, timeout=120,
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"spec: {local_path}: 3 source(s), weighted mix")
+    assert out.stdout.startswith(f"spec: {local_path}: 3 sources, weighted mix")
     assert "simulation: 100 draws per slot" in out.stdout and out.stderr == ""
     bad = _write(tmp_path, {"datasets": []}, "empty.yaml")
     out = subprocess.run([sys.executable, "-m", "wds_cloud.cli", "spec", "check", bad],

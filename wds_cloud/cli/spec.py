@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, UnsafeURLError, WdsCloudError
 from ..settings import Settings
 from ..urls import redact
-from .common import add_input_options, command_parser, count_arg, source_options, storage_options
+from .common import (
+    add_input_options,
+    command_parser,
+    count_arg,
+    plural,
+    source_options,
+    storage_options,
+)
 from .specreport import (
     Found,
     Shape,
@@ -250,10 +257,10 @@ def _print_report(spec: DatasetSpec, rows: Sequence[dict[str, Any]], warnings: l
                   listed: bool) -> None:
     mode = ("counted: per-epoch shard lists (resample/choose)" if spec.counted
             else "weighted mix")
-    print(f"spec: {spec.origin}: {len(spec.sources)} source(s), {mode}")
+    print(f"spec: {spec.origin}: {plural(len(spec.sources), 'source')}, {mode}")
     print(f"seed: {seed} ({seed_from})")
-    where = (f"{shape.world_size} rank(s) x {max(shape.workers, 1)} worker(s) = "
-             f"{shape.slots} slot(s)")
+    where = (f"{plural(shape.world_size, 'rank')} x {plural(max(shape.workers, 1), 'worker')}"
+             f" = {plural(shape.slots, 'slot')}")
     if shape.samples is not None:
         print(f"epoch: {where}; {shape.epoch_batches:,} batches x {shape.batch_size} per rank"
               f" = {shape.samples:,} samples")

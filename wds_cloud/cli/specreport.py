@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..settings import human_size
 from ..urls import redact
+from .common import plural
 
 if TYPE_CHECKING:
     from ..spec import DatasetSpec, SourceSpec
@@ -151,8 +152,8 @@ def warnings_of(spec: DatasetSpec, rows: Sequence[dict[str, Any]], shape: Shape)
     tiny shares, sizes that could not be known. (Weights in a counted spec are no warning:
     the schema refuses them.)"""
     out: list[str] = []
-    slots = f"{shape.slots} slots ({shape.world_size} rank(s) x {max(shape.workers, 1)} " \
-            "worker(s))"
+    slots = (f"{plural(shape.slots, 'slot')} ({plural(shape.world_size, 'rank')} x "
+             f"{plural(max(shape.workers, 1), 'worker')})")
     for row in rows:
         name = row["name"]
         if row["passes"] is not None and row["passes"] > 1:
@@ -160,9 +161,9 @@ def warnings_of(spec: DatasetSpec, rows: Sequence[dict[str, Any]], shape: Shape)
                        f"{row['expected_samples']:,.0f} samples expected from about "
                        f"{row['samples']:,} in the source): its samples repeat within an epoch")
         if not spec.counted and row["shards"] is not None and 0 < row["shards"] < shape.slots:
-            out.append(f"{name}: {row['shards']} shard(s) for {slots}: every slot reads every "
-                       "source, so slots read the same shards at the same time; split the "
-                       "source into more shards")
+            out.append(f"{name}: {plural(row['shards'], 'shard')} for {slots}: every slot "
+                       "reads every source, so slots read the same shards at the same time; "
+                       "split the source into more shards")
         share = row["probability"]["expected"] if row["probability"] else None
         if share is not None and share == 0:
             out.append(f"{name}: weight 0: it is never read")
@@ -176,7 +177,8 @@ def warnings_of(spec: DatasetSpec, rows: Sequence[dict[str, Any]], shape: Shape)
     if spec.counted:
         total = sum(r["shards_per_epoch"] or 0 for r in rows)
         if all(r["shards_per_epoch"] is not None for r in rows) and total < shape.slots:
-            out.append(f"an epoch has {total} shard(s) for {slots}: some slots read nothing")
+            out.append(f"an epoch has {plural(total, 'shard')} for {slots}: some slots read "
+                       "nothing")
     return out
 
 
@@ -262,8 +264,9 @@ def table_lines(spec: DatasetSpec, rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def simulation_lines(sim: dict[str, Any]) -> list[str]:
     """The simulation as text: observed next to realized shares."""
-    head = (f"simulation: {sim['samples_per_slot']:,} draws per slot x {sim['slots']} slot(s) "
-            f"= {sim['samples']:,} (epoch {sim['epoch']}, seed {sim['seed']}; mixing RNG only)")
+    head = (f"simulation: {sim['samples_per_slot']:,} draws per slot x "
+            f"{plural(sim['slots'], 'slot')} = {sim['samples']:,} (epoch {sim['epoch']}, "
+            f"seed {sim['seed']}; mixing RNG only)")
     body = [[s["name"], _pct(s["realized"]), _pct(s["observed"]),
              f"{100 * (s['observed'] - s['realized']):+.2f}", f"{s['count']:,}"]
             for s in sim["sources"]]
