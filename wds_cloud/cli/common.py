@@ -46,7 +46,8 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         default = action.default
-        if ("%(default)" in text or default in (None, False, argparse.SUPPRESS)
+        if ("%(default)" in text or default is None or default is False
+                or default == argparse.SUPPRESS
                 or isinstance(default, (list, tuple, dict)) or not action.option_strings):
             return text
         return f"{text} (default: %(default)s)"
