@@ -323,3 +323,29 @@ def test_a_size_that_does_not_parse_is_a_usage_error(
     assert exc.value.code == 2
     assert "cannot read 'lots' as a size" in capsys.readouterr().err
     assert len(filled.data()) == SHARDS
+
+
+def test_every_cache_command_speaks_json(filled: Filled,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``--json``: one document each, with the numbers the text shows."""
+    import json
+
+    where = ("--dir", str(filled.cache), "--json")
+    total = sum(p.stat().st_size for p in filled.data())
+    code, out, _ = cache_cli(capsys, "ls", *where)
+    listed = json.loads(out)
+    assert code == 0 and sorted(e["url"] for e in listed["entries"]) == sorted(filled.urls)
+    assert sum(e["size"] for e in listed["entries"]) == total
+    code, out, _ = cache_cli(capsys, "du", *where)
+    use = json.loads(out)
+    assert code == 0 and (use["entries"], use["bytes"], use["limit"]) == (SHARDS, total, None)
+    (filled.cache / "data" / filled.name_of(0)).write_bytes(b"not the shard")
+    code, out, _ = cache_cli(capsys, "verify", *where)
+    checked = json.loads(out)
+    assert code == 1 and checked["checked"] == SHARDS
+    assert [(p["url"], p["removed"]) for p in checked["problems"]] == [(filled.urls[0], True)]
+    code, out, _ = cache_cli(capsys, "prune", "--to", "0", *where)
+    pruned = json.loads(out)
+    assert code == 0 and len(pruned["evicted"]) == SHARDS - 1 and pruned["entries"] == 0
+    code, out, _ = cache_cli(capsys, "clear", *where)
+    assert code == 0 and json.loads(out)["removed"] == 0

@@ -21,7 +21,7 @@ from ..cache import admin as cacheadmin
 from ..cache.layout import CacheLayout
 from ..cache.shardcache import ShardCache
 from ..settings import Settings, expand_path, human_size
-from .common import command_parser, plural, size_arg
+from .common import add_json_option, command_parser, emit_json, plural, size_arg
 
 __all__ = ["add_parser", "cmd_cache"]
 
@@ -49,6 +49,7 @@ def add_parser(sub: Any) -> None:
     for name, text in helps.items():
         p = command_parser(actions, name, help=text, description=text, epilog=_EXIT)
         p.add_argument("--dir", help="the cache directory (default: WDS_CACHE)")
+        add_json_option(p)
         if name == "prune":
             p.add_argument("--to", required=True, type=size_arg, metavar="SIZE",
                            help="bytes to keep at most: 500MiB, 1e9, 50GB, ...")
@@ -88,7 +89,13 @@ def _when(seconds: float) -> str:
 
 
 def _ls(cache: ShardCache, args: argparse.Namespace) -> int:
-    for e in cacheadmin.entries(cache):
+    found = cacheadmin.entries(cache)
+    if args.json:
+        emit_json({"cache": cache.root, "entries": [
+            {"url": e.url, "name": e.name, "size": e.size, "last_used": e.last_used}
+            for e in found]})
+        return 0
+    for e in found:
         print(f"{human_size(e.size):>10}  {_when(e.last_used)}  {e.url}  {e.name}")
     return 0
 
@@ -96,6 +103,12 @@ def _ls(cache: ShardCache, args: argparse.Namespace) -> int:
 def _du(cache: ShardCache, args: argparse.Namespace) -> int:
     use = cacheadmin.usage(cache)
     charged = use.charged
+    if args.json:
+        emit_json({"cache": cache.root, "entries": use.entries, "bytes": use.bytes,
+                   "charged": charged, "downloads": use.downloads,
+                   "download_bytes": use.download_bytes, "limit": use.limit,
+                   "limit_from": args.bound_from if use.limit is not None else None})
+        return 0
     print(f"cache: {cache.root}")
     print(f"entries: {use.entries:,}, {human_size(use.bytes)} ({use.bytes} bytes; "
           f"{human_size(charged)} counted against the limit)")
@@ -110,6 +123,11 @@ def _du(cache: ShardCache, args: argparse.Namespace) -> int:
 
 def _verify(cache: ShardCache, args: argparse.Namespace) -> int:
     checked, problems = cacheadmin.verify(cache)
+    if args.json:
+        emit_json({"cache": cache.root, "checked": checked, "problems": [
+            {"name": p.name, "url": p.url, "why": p.why, "removed": p.removed}
+            for p in problems]})
+        return 1 if problems else 0
     for p in problems:
         fate = "removed" if p.removed else "kept"
         print(f"problem: {p.name} ({p.url}): {p.why}; {fate}")
@@ -121,6 +139,13 @@ def _verify(cache: ShardCache, args: argparse.Namespace) -> int:
 def _prune(cache: ShardCache, args: argparse.Namespace) -> int:
     before = {e.name: e for e in cacheadmin.entries(cache)}
     evicted, used = cacheadmin.prune(cache, args.to)
+    if args.json:
+        emit_json({"cache": cache.root, "target": args.to, "bytes": used,
+                   "evicted": [{"name": n, "url": before[n].url if n in before else None,
+                                "size": before[n].size if n in before else None}
+                               for n in evicted],
+                   "entries": len(cacheadmin.entries(cache))})
+        return 0
     for name in evicted:
         e = before.get(name)
         print(f"evicted {human_size(e.size) if e else '?':>10}  {e.url if e else '?'}  {name}")
@@ -137,6 +162,10 @@ def _prune(cache: ShardCache, args: argparse.Namespace) -> int:
 def _clear(cache: ShardCache, args: argparse.Namespace) -> int:
     removed, kept, stale = cacheadmin.clear(cache)
     downloads = cacheadmin.usage(cache).downloads
+    if args.json:
+        emit_json({"cache": cache.root, "removed": removed, "kept_in_use": kept,
+                   "stale_downloads_removed": stale, "downloads_in_progress": downloads})
+        return 0
     print(f"removed {plural(removed, 'entry', 'entries')}; kept {kept:,} in use; removed "
           f"{plural(stale, 'download')} left by dead processes; {plural(downloads, 'download')} "
           "still in progress")
