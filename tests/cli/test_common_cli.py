@@ -197,3 +197,24 @@ def test_an_error_in_a_dataloader_worker_is_one_clean_line(
     assert "Traceback" not in err and err.count("\n") == 1, err
     assert err.startswith("wds-cloud bench: error: truncated") and str(cut) in err, err
     assert err.rstrip().endswith("(in DataLoader worker process 0)"), err
+
+
+def test_directories_and_bucket_prefixes_are_their_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: object,
+) -> None:
+    """``ls s3://bucket/train/`` lists what ``aws s3 ls`` would: the shards directly in it."""
+    _shards(tmp_path, "a", 2)
+    (tmp_path / "a" / "notes.txt").write_text("not a shard")
+    (tmp_path / "a" / "z.tar.gz").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    expected = ["a/a-000.tar", "a/a-001.tar", "a/z.tar.gz"]
+    assert [s.url for s in Inputs(["a"]).shards()] == expected
+    assert [s.url for s in Inputs(["a/"]).shards()] == expected
+    store = s3_server.new_store()  # type: ignore[attr-defined]
+    for name in ("train/x-0.tar", "train/x-1.tgz", "train/deeper/y.tar", "train/readme.md"):
+        store.put(name, b"")
+    inputs = Inputs([store.url("train/")], options=store.storage_options)
+    assert [s.url for s in inputs.shards()] == [store.url("train/x-0.tar"),
+                                                store.url("train/x-1.tgz")]
+    with pytest.raises(wds.ShardNotFoundError, match=r"no shards \(\*.tar, \*.tgz, \*.tar.gz\)"):
+        Inputs([store.url("nothing/")], options=store.storage_options).shards()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -121,6 +122,7 @@ def add_input_options(p: argparse.ArgumentParser, *, inputs: bool = True,
         p.add_argument("inputs", nargs="+", metavar="URL|SPEC",
                        help=f"{what}: paths or URLs, brace patterns (a-{{000..009}}.tar), "
                        "globs (shards/train-*.tar, s3://bucket/train-*.tar, quoted), "
+                       "directories and prefixes (shards/, s3://bucket/train/), "
                        "'a.tar::b.tar' lists, or a dataset spec (.yaml/.yml/.json)")
     p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    dest="options",
@@ -195,8 +197,9 @@ class Input:
 
 class Inputs:
     """What a command reads, from its command-line inputs: paths and URLs, brace patterns,
-    ``::`` lists, local and bucket globs (listed once, sorted, where the shards are read from)
-    and dataset specs (each source listed with its own storage options).
+    ``::`` lists, local and bucket globs (listed once, sorted, where the shards are read from),
+    directories and bucket prefixes (``s3://b/train/``: the shards directly in them) and
+    dataset specs (each source listed with its own storage options).
 
     The settings are read once, here (the CLI is a composition root)."""
 
@@ -234,10 +237,31 @@ class Inputs:
 
         urls = expand_urls(given, url_vars=self.settings.url_vars)
         options = _per_scheme(self.options, sorted({_scheme(u) for u in urls}))
-        urls = expand_glob(urls, router=self.router(options))
+        router = self.router(options)
+        urls = [found for url in urls
+                for found in (self._directory(url, router) if _is_directory(url) else
+                              expand_glob([url], router=router))]
         if not urls:
             raise ConfigError(f"{given!r} matches no shards")
         return [Input(url, None, options) for url in urls]
+
+    @staticmethod
+    def _directory(url: str, router: Router) -> list[str]:
+        """The shards directly in the directory (or bucket prefix) ``url``, sorted."""
+        from ..errors import ShardNotFoundError
+        from ..router import expand_glob
+
+        found: list[str] = []
+        for suffix in SHARD_SUFFIXES:
+            try:
+                found += expand_glob([f"{url.rstrip('/')}/*{suffix}"], router=router)
+            except ShardNotFoundError:
+                continue
+        if not found:
+            raise ShardNotFoundError(
+                f"no shards ({', '.join('*' + s for s in SHARD_SUFFIXES)}) in {redact(url)!r}",
+                url=redact(url))
+        return sorted(set(found))
 
     def _spec_shards(self, given: str) -> list[Input]:
         from ..router import expand_glob
@@ -268,6 +292,19 @@ class Inputs:
             opener = ShardOpener(self.settings, options)
             items = [{"url": s.url} for s in group]
             yield from opener.samples(items, handler or reraise_exception, None, None)
+
+
+#: what a directory's shards are called (``ls s3://bucket/train/`` lists these)
+SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz")
+
+
+def _is_directory(url: str) -> bool:
+    """A directory or bucket prefix: a URL ending in ``/``, or an existing local directory."""
+    if url.endswith("/") and url != "/":
+        return True
+    scheme = _scheme(url)
+    return scheme in ("", "file") and url != "-" and os.path.isdir(
+        url.removeprefix("file://") if scheme == "file" else url)
 
 
 def _is_spec(given: str) -> bool:
