@@ -122,7 +122,6 @@ def test_no_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("torch")
     report = _report(capsys, _write(tmp_path), "--workers", "2")
     _check_complete(report)
     assert report["workers"] == 2
@@ -179,7 +178,6 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 
 def test_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
     from PIL import Image
 
     png = tmp_path / "out.png"

@@ -24,7 +24,6 @@ from wds_cloud.parallel import open_executor
 @pytest.fixture(scope="module")
 def scheduler() -> Iterator[str]:
     """The address of a LocalCluster of 2 worker processes on 127.0.0.1."""
-    pytest.importorskip("distributed")
     with open_executor("dask", workers=2) as client:
         yield client.scheduler.address
 

@@ -25,7 +25,6 @@ N_SHARDS, PER_SHARD = 8, 6
 @pytest.fixture(scope="module")
 def dask_client() -> Iterator[Any]:
     """A LocalCluster of 2 single-threaded worker processes on 127.0.0.1."""
-    pytest.importorskip("distributed")
     with open_executor("dask", workers=2) as client:
         yield client
 
