@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from shardgen import put_source, write_tar
+from shardgen import put_source, three_source_spec, write_tar
 from stores.base import Store
 
 import wds_cloud as wds
@@ -34,20 +34,8 @@ def _put_source(store: Store, tmp: Path, name: str, shards: int, per_shard: int)
 
 @pytest.fixture
 def spec_file(store_factory: Callable[[str], Store], tmp_path: Path) -> Path:
-    s3, gs = store_factory("s3"), store_factory("gs")
-    spec = {
-        "seed": 7,
-        "storage_options": {**s3.storage_options, **gs.storage_options},
-        "datasets": [
-            {"name": "a", "shards": _put_source(s3, tmp_path, "a", 6, 300), "weight": 0.5},
-            {"name": "b", "shards": _put_source(s3, tmp_path, "b", 4, 200), "weight": 0.3,
-             "scale": [0.5, 1.5]},
-            {"name": "c", "shards": _put_source(gs, tmp_path, "c", 3, 150), "weight": 0.2},
-        ],
-    }
-    path = tmp_path / "three.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+    return three_source_spec(store_factory("s3"), store_factory("gs"), tmp_path, "resume",
+                             seed=7, sizes=((6, 300), (4, 200), (3, 150)), members=_members)
 
 
 def _run(spec: Path, loader: str, mode: str, tmp: Path, k: int = 0) -> dict[str, Any]:

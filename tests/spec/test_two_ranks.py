@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from shardgen import put_source
+from shardgen import three_source_spec
 from stores.base import Store
 
 from wds_cloud.spec import DatasetSpec
@@ -29,26 +28,10 @@ def _members(name: str, shard: int, i: int) -> dict[str, bytes]:
     return {"txt": f"{name}".encode()}
 
 
-def _put_source(store: Store, tmp: Path, name: str, shards: int, per_shard: int) -> str:
-    return put_source(store, tmp, "mix", name, shards, per_shard, _members)
-
-
 @pytest.fixture
 def spec_file(store_factory: Callable[[str], Store], tmp_path: Path) -> Path:
-    s3, gs = store_factory("s3"), store_factory("gs")
-    spec = {
-        "seed": 0,
-        "storage_options": {**s3.storage_options, **gs.storage_options},
-        "datasets": [
-            {"name": "a", "shards": _put_source(s3, tmp_path, "a", 10, 500), "weight": 0.5},
-            {"name": "b", "shards": _put_source(s3, tmp_path, "b", 10, 300), "weight": 0.3,
-             "scale": [0.5, 1.5]},
-            {"name": "c", "shards": _put_source(gs, tmp_path, "c", 5, 200), "weight": 0.2},
-        ],
-    }
-    path = tmp_path / "three.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+    return three_source_spec(store_factory("s3"), store_factory("gs"), tmp_path, "mix",
+                             seed=0, sizes=((10, 500), (10, 300), (5, 200)), members=_members)
 
 
 def _torchrun(spec: Path, out: Path, seed: int, mode: str = "") -> list[dict[str, Any]]:
