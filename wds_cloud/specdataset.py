@@ -29,6 +29,7 @@ from .settings import Settings
 from .spec import DatasetSpec, load_spec
 from .spec.build import SpecEpochShards, SpecMix, SpecShardMix
 from .tar.samples import ShardCursor
+from .urls import merge_scheme_options
 
 __all__ = ["MultiShardSample", "spec_source"]
 
@@ -37,18 +38,6 @@ log = logging.getLogger(__name__)
 Sample = dict[str, Any]
 SpecLike = str | os.PathLike[str] | Mapping[str, Any] | DatasetSpec
 
-
-def _merged(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """Per-scheme storage options, later layers winning per scheme and key."""
-    out: dict[str, dict[str, Any]] = {}
-    for layer in layers:
-        for scheme, options in layer.items():
-            if isinstance(options, Mapping):
-                out.setdefault(scheme, {}).update(options)
-            else:
-                raise TypeError(f"storage_options[{scheme!r}] must be a mapping, got "
-                                f"{type(options).__name__}")
-    return out
 
 
 def _seed(seed: object, settings: Settings, spec: DatasetSpec) -> int:
@@ -72,7 +61,8 @@ def _openers(spec: DatasetSpec, settings: Settings, storage_options: Mapping[str
              url_to_name: Callable[[str], str] | None) -> tuple[ShardOpener, ...]:
     made: list[ShardOpener] = []
     for source in spec.sources:
-        options = _merged(storage_options, spec.storage_options, source.storage_options)
+        options = merge_scheme_options(storage_options, spec.storage_options,
+                                       source.storage_options)
         same = next((o for o in made if o.storage_options == options), None)
         made.append(same or ShardOpener(settings, options, url_to_name))
     return tuple(made)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import braceexpand
@@ -21,6 +22,7 @@ __all__ = [
     "ais_url",
     "apply_rewrite_rules",
     "expand_urls",
+    "merge_scheme_options",
     "parse_rewrite_rules",
     "redact",
     "split_scheme",
@@ -28,6 +30,19 @@ __all__ = [
 ]
 
 _VAR_RE = re.compile(r"\$\{(\w+)\}")
+
+
+def merge_scheme_options(*layers: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per-scheme storage options (``{"s3": {...}, "gs": {...}}``) merged layer by layer, a
+    later layer winning per scheme and key."""
+    out: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for scheme, options in layer.items():
+            if not isinstance(options, Mapping):
+                raise TypeError(f"storage_options[{scheme!r}] must be a mapping, got "
+                                f"{type(options).__name__}")
+            out.setdefault(scheme, {}).update(options)
+    return out
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 
 #: URL scheme -> AIStore ``provider=`` value

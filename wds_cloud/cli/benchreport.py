@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MissingDependencyError
 from ..settings import human_size
-from .common import describe, plural
+from ..urls import redact
+from .common import plural
 
 if TYPE_CHECKING:
     from .bench import Baseline, Run
@@ -110,7 +111,7 @@ def document(run: Run, baseline: Baseline, args: argparse.Namespace) -> dict[str
                 "run_mb_per_s": _rate(run.tar_bytes, run.seconds) / 1e6}
     timeline = run.timeline()
     return {
-        "inputs": [describe(g) for g in args.inputs],
+        "inputs": [redact(g) for g in args.inputs],
         "workers": args.workers,
         "decode": args.decode,
         "stopped": run.stopped,
@@ -124,7 +125,7 @@ def document(run: Run, baseline: Baseline, args: argparse.Namespace) -> dict[str
         "first_sample_seconds": run.first,
         "shard_open_latency": {"shards": len(run.waits), **(percentiles(run.waits) or {}),
                                "seconds": run.waits},
-        "shards": [{"url": describe(url), "tar_bytes": n, "reads": k}
+        "shards": [{"url": redact(url), "tar_bytes": n, "reads": k}
                    for url, (n, k) in run.reads.items()],
         "baseline": base,
         "baseline_skipped": baseline.skipped,
@@ -136,7 +137,7 @@ def document(run: Run, baseline: Baseline, args: argparse.Namespace) -> dict[str
 
 
 def title(given: Sequence[str], args: argparse.Namespace) -> str:
-    names = ", ".join(describe(g) for g in given)
+    names = ", ".join(redact(g) for g in given)
     return f"wds-cloud bench {names[:80]}{'...' if len(names) > 80 else ''} ({_how(args)})"
 
 

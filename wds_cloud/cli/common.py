@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from ..errors import ConfigError
 from ..settings import Settings, human_size, parse_size
-from ..urls import redact, split_scheme
+from ..urls import merge_scheme_options, redact, split_scheme
 
 if TYPE_CHECKING:
     from ..router import Router
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "INTERRUPTED", "OK", "PROBLEMS", "UNUSABLE", "Formatter", "Input", "Inputs", "Progress",
     "add_input_options", "add_json_option", "command_parser", "count_arg", "emit_json",
-    "plural", "sample_bytes", "size_arg", "source_options", "storage_options",
+    "plural", "size_arg", "source_options", "storage_options",
 ]
 
 #: exit status: done, nothing wrong
@@ -209,7 +209,6 @@ class Inputs:
         self.options = dict(options or {})
         self.settings = settings or Settings.from_env()
         self._routers: dict[str, Router] = {}
-        self.specs: list[DatasetSpec] = []
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Inputs:
@@ -268,7 +267,6 @@ class Inputs:
         from ..spec import load_spec
 
         spec = load_spec(given, environ=self.settings.environ, allow_pipe=True)
-        self.specs.append(spec)
         found: list[Input] = []
         for source in spec.sources:
             options = source_options(self.options, spec, source)
@@ -321,11 +319,8 @@ def source_options(options: Mapping[str, Any], spec: DatasetSpec,
     for each scheme the source uses), then the spec's, then the source's, per scheme and key
     (later wins, as ``WebDataset(spec, storage_options=...)`` merges them)."""
     schemes = sorted({_scheme(u) for u in source.urls})
-    out: dict[str, dict[str, Any]] = {}
-    for layer in (_per_scheme(options, schemes), spec.storage_options, source.storage_options):
-        for scheme, values in layer.items():
-            out.setdefault(scheme, {}).update(values)
-    return out
+    return merge_scheme_options(_per_scheme(options, schemes), spec.storage_options,
+                                source.storage_options)
 
 
 def _runs(shards: Sequence[Input]) -> Iterator[tuple[Mapping[str, Any], list[Input]]]:
@@ -338,17 +333,6 @@ def _runs(shards: Sequence[Input]) -> Iterator[tuple[Mapping[str, Any], list[Inp
         group.append(shard)
     if group:
         yield group[0].options, group
-
-
-def describe(url: str) -> str:
-    """``url`` as shown to users (no credentials or signed query strings)."""
-    return redact(url)
-
-
-def sample_bytes(sample: Mapping[str, Any]) -> int:
-    """Payload bytes of a raw sample (meta keys excluded)."""
-    return sum(len(v) for k, v in sample.items() if not k.startswith("__") and
-               isinstance(v, (bytes, bytearray)))
 
 
 # -- progress -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import SpecError
+from ..urls import merge_scheme_options
 from .schema import (
     ALIASES,
     SOURCE_KEYS,
@@ -183,7 +184,7 @@ def _source(r: _Reader, entry: Any, path: str, prefix: str, bucket: str,
     source = SourceSpec(
         name=r.text(d["name"], f"{path}.name") if "name" in d else "",
         pattern=" ".join(joined), urls=tuple(urls), weight=weight, scale=scale,
-        extensions=extensions, storage_options=_merged(
+        extensions=extensions, storage_options=merge_scheme_options(
             defaults, r.options(d.get("storage_options"), f"{path}.storage_options")),
         resample=resample, choose=choose, key=path)
     if choose is not None and not source.has_glob and choose > len(urls):
@@ -191,14 +192,6 @@ def _source(r: _Reader, entry: Any, path: str, prefix: str, bucket: str,
                      f"{len(urls)}")
     return source, {k for k in d if k in ("weight", "scale")}
 
-
-def _merged(defaults: Mapping[str, Mapping[str, Any]],
-            override: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per-scheme options: the spec's defaults, the source's winning per key."""
-    out = {scheme: dict(options) for scheme, options in defaults.items()}
-    for scheme, options in override.items():
-        out.setdefault(scheme, {}).update(options)
-    return out
 
 
 def _scale(r: _Reader, value: Any, path: str) -> tuple[float, float]:
