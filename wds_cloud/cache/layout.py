@@ -189,11 +189,13 @@ class CacheLayout:
     def record_bound(self, max_bytes: int | None) -> None:
         """Note ``max_bytes`` in the directory (if set and not noted already) for the admin
         commands, which run without the job's ``cache_size``; best effort."""
-        if max_bytes is None or self.recorded_bound() == max_bytes:
+        if max_bytes is None or _NOTED.get(self.root) == max_bytes:
             return
-        with contextlib.suppress(OSError):  # a read-only cache still works; du shows no bound
-            write_atomic(os.path.join(self.root, "bound.json"),
-                         json.dumps({"max_bytes": max_bytes}))
+        _NOTED[self.root] = max_bytes  # once per process and bound, not on every open
+        if self.recorded_bound() != max_bytes:
+            with contextlib.suppress(OSError):  # read-only: the cache works, du shows no bound
+                write_atomic(os.path.join(self.root, "bound.json"),
+                             json.dumps({"max_bytes": max_bytes}))
 
     def recorded_bound(self) -> int | None:
         """The bound the last process that had one noted (:meth:`record_bound`), or None."""
@@ -254,6 +256,8 @@ class CacheLayout:
 
 
 _READY: set[str] = set()
+#: root -> the bound this process last noted in its bound.json
+_NOTED: dict[str, int] = {}
 
 
 def try_flock(path: str, op: int = fcntl.LOCK_EX) -> int | None:

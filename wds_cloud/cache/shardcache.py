@@ -97,10 +97,6 @@ class CacheUsage:
     charged: int  # what the entries count against the limit (whole blocks, and a record each)
 
 
-#: (root, bound) pairs this process has noted (bound.json), so each open does not look again
-_BOUND_NOTED: set[tuple[str, int | None]] = set()
-
-
 class ShardCache:
     """A shard cache in the directory ``root`` holding at most ``max_bytes`` (``None``: as much
     as the disk allows). See the module docstring."""
@@ -165,11 +161,8 @@ class ShardCache:
         """A read stream of ``url`` from the cache; ``open_stream()`` opens it at the store
         (called at most once, and only when the store has to be asked). A local path is the
         entry of the file it names, wherever it is read from."""
-        noted = (self.layout.root, self.max_bytes)
-        if noted not in _BOUND_NOTED:
-            self.layout.ensure()
-            self.layout.record_bound(self.max_bytes)
-            _BOUND_NOTED.add(noted)
+        self.layout.ensure()
+        self.layout.record_bound(self.max_bytes)
         url = entry_url(url)
         name = self.layout.name_for(url, self.url_to_name)
         return self._attach(url, url_key(url), name, open_stream, pos=0, version=None)
