@@ -318,6 +318,42 @@ def test_large_members_and_small_chunks(tmp_path: Path) -> None:
     assert ours_samples([url]) == wds_samples([url])
 
 
+class RecordingFile(io.BufferedReader):
+    """A local file that keeps every ``bytes`` its ``read`` returned, and the sizes asked."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(io.FileIO(path, "rb"))
+        self.returned: list[bytes] = []
+        self.asked: list[int] = []
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        self.asked.append(-1 if size is None else size)
+        self.returned.append(data)
+        return data
+
+
+def test_large_members_are_the_bytes_the_stream_returned(tmp_path: Path) -> None:
+    """One copy, not two: after the first, a large member's ``bytes`` is the very object
+    ``read(size)`` returned, and the reader never reads ahead into a large member's data."""
+    sizes = [tarformat.DIRECT_MIN, 3 * tarformat.DIRECT_MIN + 17, tarformat.DIRECT_MIN + 512]
+    entries: list[Entry] = []
+    for i in range(24):
+        entries.append((f"{i:03d}.bin", os.urandom(sizes[i % 3])))
+        if i % 4 == 0:  # small members between some of the large ones
+            entries.append((f"{i:03d}.cls", str(i).encode()))
+    url = write(tmp_path, "large.tar", tar_bytes(entries))
+    with RecordingFile(url) as stream:
+        got = [m for batch in tarformat.iter_member_batches(stream, url=url) for m in batch]
+        returned = {id(data) for data in stream.returned}
+        assert got == entries
+        assert max(stream.asked[1:]) == max(sizes)  # no chunk beyond a member after the head
+    with tarfile.open(url) as tf:  # the first read (a chunk) is parsed as a buffer
+        after_head = {m.name for m in tf if m.offset_data > tarformat.CHUNK_SIZE}
+    large = [data for name, data in got if name.endswith(".bin") and name in after_head]
+    assert len(large) > 8 and all(id(data) in returned for data in large)
+
+
 def test_grouping_rules_match_webdataset(tmp_path: Path) -> None:
     names = [
         "a.txt", "a.CLS", "a.seg.png", "dir.v1/b.txt", "dir.v1/b.json", "dir/.hidden",

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from wds_cloud.errors import ShardFormatError
+from wds_cloud.tar import bulk
 from wds_cloud.tar import reader as tarformat
 
 FORMATS = [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]
@@ -55,11 +56,14 @@ def reference(data: bytes) -> list[tuple[str, bytes]]:
         return [(m.name, tf.extractfile(m).read()) for m in tf if m.isreg()]  # type: ignore[union-attr]
 
 
-def read_all(data: bytes, chunk_size: int, probe: int = tarformat._PROBE
+def read_all(data: bytes, chunk_size: int, probe: int = bulk._PROBE,
+             direct_min: int = tarformat.DIRECT_MIN,
              ) -> tuple[list[tuple[str, bytes]], Exception | None]:
-    """Members read before the end or the error. ``probe`` = 1 vectorizes (almost) at once."""
+    """Members read before the end or the error. ``probe`` = 1 vectorizes (almost) at once;
+    ``direct_min`` is the size from which members are read one by one with exact reads."""
     got: list[tuple[str, bytes]] = []
-    saved, tarformat._PROBE = tarformat._PROBE, probe
+    saved, bulk._PROBE = bulk._PROBE, probe
+    saved_min, tarformat.DIRECT_MIN = tarformat.DIRECT_MIN, direct_min
     try:
         for batch in tarformat.iter_member_batches(io.BytesIO(data), url="mem://p.tar",
                                                    chunk_size=chunk_size):
@@ -67,23 +71,24 @@ def read_all(data: bytes, chunk_size: int, probe: int = tarformat._PROBE
     except ShardFormatError as exc:
         return got, exc
     finally:
-        tarformat._PROBE = saved
+        bulk._PROBE, tarformat.DIRECT_MIN = saved, saved_min
     return got, None
 
 
 @SETTINGS
 @given(spec=members, fmt=st.sampled_from(FORMATS), seed=st.integers(0, 2**16),
        compress=st.booleans(), chunk=st.sampled_from([512, 1536, 4096, tarformat.CHUNK_SIZE]),
-       probe=st.sampled_from([1, 2, 32]))
+       probe=st.sampled_from([1, 2, 32]), direct_min=st.sampled_from([1, 600, 1 << 16]))
 def test_random_archives_read_like_tarfile(spec: list[tuple[str, int, str]], fmt: int, seed: int,
-                                           compress: bool, chunk: int, probe: int) -> None:
+                                           compress: bool, chunk: int, probe: int,
+                                           direct_min: int) -> None:
     data = build(spec, fmt, seed)
     assume(data is not None)
     assert data is not None
     if compress:
         data = gzip.compress(data, compresslevel=1)
     expected = reference(data)
-    got, error = read_all(data, chunk, probe)
+    got, error = read_all(data, chunk, probe, direct_min)
     assert error is None
     assert got == expected
     assert len(got) == sum(1 for _, _, kind in spec if kind == "file")
@@ -97,10 +102,11 @@ def _member_ends(data: bytes) -> list[int]:
 
 @SETTINGS
 @given(spec=members, fmt=st.sampled_from(FORMATS), seed=st.integers(0, 2**16),
-       where=st.floats(0, 1), compress=st.booleans(), probe=st.sampled_from([1, 32]))
+       where=st.floats(0, 1), compress=st.booleans(), probe=st.sampled_from([1, 32]),
+       direct_min=st.sampled_from([1, 600, 1 << 16]))
 def test_random_truncation_never_yields_half_a_member(
     spec: list[tuple[str, int, str]], fmt: int, seed: int, where: float, compress: bool,
-    probe: int,
+    probe: int, direct_min: int,
 ) -> None:
     data = build(spec, fmt, seed)
     assume(data is not None and spec)
@@ -109,7 +115,7 @@ def test_random_truncation_never_yields_half_a_member(
     ends = _member_ends(data)
     packed = gzip.compress(data, compresslevel=1) if compress else data
     cut = int(where * len(packed))
-    got, error = read_all(packed[:cut], 4096, probe)
+    got, error = read_all(packed[:cut], 4096, probe, direct_min)
     assert got == full[:len(got)]  # a prefix of whole members
     if error is not None:
         assert error.url == "mem://p.tar" and error.offset is not None

@@ -12,8 +12,6 @@ import re
 import tarfile
 import zlib
 
-import numpy as np
-
 from ..errors import ConfigError
 
 __all__ = [
@@ -88,6 +86,8 @@ def first_bad_header(buf: bytes, headers: list[int]) -> int:
     if len(headers) < _NUMPY_MIN:
         candidates: list[int] = headers
     else:
+        import numpy as np  # only shards of many small members pay for it
+
         nblocks = len(buf) // BLOCK
         blocks = np.frombuffer(buf, np.uint8, nblocks * BLOCK).reshape(nblocks, BLOCK)
         rows = blocks[np.array(headers, dtype=np.intp) // BLOCK]

@@ -18,22 +18,25 @@ yielded); an extended header or a skipped entry is named in the message instead,
 grouping never mistakes it for a member of a sample.
 ``OSError`` from the stream passes through unchanged.
 
-Speed: plain headers are parsed straight out of a large buffer (with numpy when members are
-small) and a whole buffer's header checksums are verified in one numpy operation; anything
-unusual takes the general one-header-at-a-time path (:class:`_Reader`). Large members that are
-not buffered yet are read from the stream directly.
+Speed: small members are parsed straight out of a large buffer (:mod:`.bulk`, with numpy when
+they are many) and a whole buffer's header checksums are verified in one numpy operation.
+Large members are read one at a time with exact reads and no read-ahead: a member's ``bytes``
+is what the stream's ``read(size)`` returned (for a local file, one copy from the page cache,
+and none more), and its padding comes with the next header in one small read. The reader
+switches to that mode at the first large member that is not buffered yet, and back to large
+buffers after a run of small members. Anything unusual takes the general one-header-at-a-time
+path (:class:`_Reader`).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
-
-import numpy as np
+from typing import BinaryIO
 
 from ..errors import ShardFormatError
 from ..urls import redact
+from .bulk import Member, fast_batch
 from .compress import CHUNK_SIZE, tar_source
 from .header import (
     BLOCK,
@@ -59,14 +62,10 @@ __all__ = [
     "parse_pax",
 ]
 
-DIRECT_MIN = 1 << 18  # members at least this large are read from the stream directly
+DIRECT_MIN = 1 << 16  # members at least this large are read from the stream directly
+_SMALL_RUN = 64  # small members in a row after which reading goes back to large buffers
 MAX_EXTENDED = 16 << 20  # limit for the data of a long-name or pax header
 _READ_PIECE = 16 << 20  # never ask a stream for more at once (a bogus size must not allocate)
-_PROBE = 32  # members parsed one by one before deciding whether to vectorize
-_DENSE_BLOCKS = 16  # vectorize when those members take at most this many blocks on average
-_OCTAL = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # weights of an 11-digit octal field
-
-Member = tuple[str, bytes]
 
 _ZERO_BLOCK = bytes(BLOCK)
 _EXTENDED = frozenset(b"LKxXg")  # GNU long name/link, pax extended/Solaris/global
@@ -76,155 +75,16 @@ _END = object()
 _BAD_CHECKSUM = "bad tar header checksum: this is not a tar archive, or it is corrupt here"
 
 
-
-def _fast_batch(buf: bytes, pos: int) -> tuple[list[Member], list[int], list[int], int]:
-    """Parse consecutive plain members from ``pos``: a type ``0`` header without ustar prefix
-    (optionally after one pax or GNU long-name header), data buffered.
-
-    Returns the members, their header offsets, the offsets of the extended headers before them
-    (checksums still unverified) and where it stopped. The first members are parsed one by one;
-    if they are small, the rest of the buffer is walked with numpy.
-    """
-    members: list[Member] = []
-    headers: list[int] = []
-    extended: list[int] = []
-    start = pos
-    pos = _walk(buf, pos, members, headers, extended, _PROBE)
-    if len(members) == _PROBE and pos - start <= _PROBE * _DENSE_BLOCKS * BLOCK:
-        pos = _walk_dense(buf, pos, members, headers, extended)
-    pos = _walk(buf, pos, members, headers, extended, len(buf))
-    return members, headers, extended, pos
-
-
-def _walk(buf: bytes, pos: int, members: list[Member], headers: list[int], extended: list[int],
-          count: int) -> int:
-    """Append up to ``count`` plain members from ``pos``; return where it stopped."""
-    add, mark, find = members.append, headers.append, buf.find
-    end = len(buf)
-    limit = end - BLOCK
-    for _ in range(count):
-        if pos > limit:
-            break
-        start = pos
-        name = size = None
-        if buf[pos + 156] != 48:
-            ext = _fast_extended(buf, pos, limit)
-            if ext is None:
-                break
-            pos, name, size = ext
-            if buf[pos + 156] != 48:
-                pos = start
-                break
-        if buf[pos + 135] or (buf[pos + 345] and name is None):
-            pos = start
-            break
-        try:
-            header_size = int(buf[pos + 124:pos + 135], 8)
-        except ValueError:
-            pos = start
-            break
-        size = header_size if size is None else size
-        data = pos + BLOCK
-        nxt = data + ((size + 511) & -512)
-        if nxt > end or size < 0 or header_size < 0:
-            pos = start
-            break
-        if name is None:
-            nul = find(b"\0", pos, pos + 100)
-            name = buf[pos:nul if nul >= 0 else pos + 100].decode("utf-8", "surrogateescape")
-        add((name, buf[data:data + size]))
-        mark(pos)
-        if start != pos:
-            extended.append(start)
-        pos = nxt
-    return pos
-
-
-def _walk_dense(buf: bytes, pos: int, members: list[Member], headers: list[int],
-                extended: list[int]) -> int:
-    """:func:`_walk` vectorized: every block from ``pos`` is parsed as if it were a plain
-    header in one numpy pass, then Python follows the chain of next-header indexes."""
-    nblocks = (len(buf) - pos) // BLOCK
-    rows = np.frombuffer(buf, np.uint8, nblocks * BLOCK, pos).reshape(nblocks, BLOCK)
-    digits = rows[:, 124:135].astype(np.int64) - 48
-    sizes = digits @ _OCTAL
-    plain = ((rows[:, 156] == 48) & (rows[:, 135] == 0) & (rows[:, 345] == 0)
-             & ((digits >= 0) & (digits <= 7)).all(axis=1))
-    nxt = np.arange(1, nblocks + 1) + ((sizes + 511) >> 9)
-    nxt[~plain | (nxt > nblocks)] = -1
-    links, is_plain = nxt.tolist(), plain.tolist()
-    found: list[int] = []
-    overrides: dict[int, tuple[str | None, int | None]] = {}
-    i = 0
-    while i < nblocks:
-        j = links[i]
-        if j < 0:  # not a plain member: maybe a pax/long-name header before one
-            ext = _fast_extended(buf, pos + i * BLOCK, len(buf) - BLOCK)
-            if ext is None:
-                break
-            k = (ext[0] - pos) // BLOCK
-            j = links[k] if ext[2] is None else k + 1 + ((ext[2] + 511) >> 9)
-            if not is_plain[k] or not 0 < j <= nblocks or (ext[2] or 0) < 0:
-                break
-            if ext[1] is not None or ext[2] is not None:
-                overrides[k] = ext[1:]
-            extended.append(pos + i * BLOCK)
-            i = k
-        found.append(i)
-        i = j
-    if found:
-        _collect(buf, pos, rows, sizes, found, overrides, members)
-        headers.extend(pos + b * BLOCK for b in found)
-    return pos + i * BLOCK
-
-
-def _collect(buf: bytes, pos: int, rows: Any, sizes: Any, found: list[int],
-             overrides: dict[int, tuple[str | None, int | None]], members: list[Member]) -> None:
-    """Append the members whose headers are the blocks ``found`` (relative to ``pos``)."""
-    idx = np.array(found, dtype=np.intp)
-    nul = rows[idx, :100] == 0
-    lengths = np.where(nul.any(axis=1), nul.argmax(axis=1), 100).tolist()
-    starts = (idx * BLOCK + pos).tolist()
-    lens = sizes[idx].tolist()
-    names = [buf[p:p + n].decode("utf-8", "surrogateescape")
-             for p, n in zip(starts, lengths, strict=True)]
-    for n, k in enumerate(found) if overrides else ():
-        if k in overrides:
-            name, size = overrides[k]
-            names[n] = names[n] if name is None else name
-            lens[n] = lens[n] if size is None else size
-    datas = [buf[p + BLOCK:p + BLOCK + n] for p, n in zip(starts, lens, strict=True)]
-    members.extend(zip(names, datas, strict=True))
-
-
-def _fast_extended(buf: bytes, pos: int, limit: int) -> tuple[int, str | None, int | None] | None:
-    """A buffered pax (``x``) or GNU long-name (``L``) header at ``pos`` whose member header is
-    buffered too: ``(member header offset, name or None, size or None)``; None otherwise."""
-    kind = buf[pos + 156]
-    if (kind != 120 and kind != 76) or buf[pos + 135]:
-        return None
-    try:
-        size = int(buf[pos + 124:pos + 135], 8)
-    except ValueError:
-        return None
-    nxt = pos + BLOCK + ((size + 511) & -512)
-    if size < 0 or nxt > limit:
-        return None
-    data = buf[pos + BLOCK:pos + BLOCK + size]
-    if kind == 76:
-        nul = data.find(b"\0")
-        return nxt, data[:nul if nul >= 0 else size].decode("utf-8", "surrogateescape"), None
-    try:
-        return (nxt, *pax_overrides(data))
-    except ValueError:
-        return None  # the general path reports it
-
-
 class _Reader:
-    """Buffer and position over the (uncompressed) tar bytes; the general, one-header path."""
+    """Buffer and position over the (uncompressed) tar bytes; the general, one-header path.
+
+    ``ahead`` is how much more than needed :meth:`fill` reads: ``chunk`` while members are
+    small, :data:`BLOCK` (just the next header) while they are large (see :meth:`one_by_one`).
+    """
 
     def __init__(self, read: Callable[[int], bytes], head: bytes, url: str, chunk: int) -> None:
         self.read, self.buf, self.url, self.chunk = read, head, url, chunk
+        self.ahead = chunk
         self.pos = 0  # position in buf
         self.off = 0  # stream offset of buf[0]; always a multiple of BLOCK
 
@@ -243,7 +103,7 @@ class _Reader:
         if have >= need:
             return have
         parts = [buf[pos:]] if have else []
-        target = max(need, have + self.chunk)
+        target = need + self.ahead
         while have < need:
             data = self.read(min(target - have, _READ_PIECE))
             if not data:
@@ -395,6 +255,50 @@ class _Reader:
         return name, size_override
 
 
+def _large_members(reader: _Reader, marks: list[Marks] | None, compressed: bool
+                   ) -> Iterator[list[Member]]:
+    """Plain members of at least :data:`DIRECT_MIN` bytes, one by one: each member's data is
+    the very ``bytes`` one ``read(size)`` returned, and its padding comes with the next header
+    in one more read. Returns, having consumed nothing of it, at a member that is anything
+    else (small, extended, unusual, partly buffered), which the general path then reads."""
+    read = reader.read
+    while True:
+        buf, pos = reader.buf, reader.pos
+        if pos == len(buf):  # after a member read by the general path: read just the header
+            reader.off, reader.pos = reader.off + pos, 0
+            reader.buf = buf = read(BLOCK)
+            pos = 0
+        data_at = pos + BLOCK
+        if len(buf) != data_at or buf[pos + 156] != 48 or buf[pos + 135] or buf[pos + 345]:
+            return
+        header = buf[pos:data_at]
+        try:
+            size = int(header[124:135], 8)
+        except ValueError:
+            return
+        if not DIRECT_MIN <= size <= _READ_PIECE or not checksum_ok(header):
+            return
+        nul = header.find(0, 0, 100)
+        name = header[:nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
+        at = reader.off + pos
+        reader.off, reader.buf, reader.pos = at + BLOCK, b"", 0
+        data = read(size)
+        if len(data) != size:  # a short read: the general way, which also reports truncation
+            reader.buf = data
+            data = reader._read_direct(size, name, at, None)
+        else:
+            reader.off += size
+        pad = -size & (BLOCK - 1)
+        reader.buf = tail = read(pad + BLOCK)
+        if len(tail) >= pad:
+            reader.pos = pad
+        else:
+            reader.skip(pad, name, at)
+        if marks is not None:
+            marks[0] = (at, 0, [], compressed)
+        yield [(name, data)]
+
+
 #: where a batch's members lie: ``(start, base, headers, compressed)``. Member ``j`` of the
 #: batch begins (with any extended header before it) at ``start`` for ``j == 0``, else where
 #: member ``j - 1`` ends: ``base + headers[j - 1] + BLOCK + padded(len(data))``. Offsets are
@@ -424,23 +328,33 @@ def iter_member_batches(
     read, head = tar_source(stream, url)
     compressed = getattr(read, "__self__", None) is not stream
     reader = _Reader(read, head, url, max(chunk_size, BLOCK))
+    small = 0  # members read one by one since the last large one
     while True:
-        buf, start = reader.buf, reader.pos
-        batch, headers, extended, reader.pos = _fast_batch(buf, reader.pos)
-        if headers:
-            bad = first_bad_header(buf, headers + extended if extended else headers)
-            if marks is not None:
-                marks[0] = (reader.off + start, reader.off, headers, compressed)
-            if bad >= 0:
-                good = bisect.bisect_left(headers, bad)  # members before the bad header
-                if good:
-                    yield batch[:good]
-                raise reader.error(_BAD_CHECKSUM, at=reader.off + bad)
-            yield batch
+        if reader.ahead > BLOCK:  # small members: parse what a large buffer holds
+            buf, start = reader.buf, reader.pos
+            batch, headers, extended, reader.pos = fast_batch(buf, reader.pos)
+            if headers:
+                bad = first_bad_header(buf, headers + extended if extended else headers)
+                if marks is not None:
+                    marks[0] = (reader.off + start, reader.off, headers, compressed)
+                if bad >= 0:
+                    good = bisect.bisect_left(headers, bad)  # members before the bad header
+                    if good:
+                        yield batch[:good]
+                    raise reader.error(_BAD_CHECKSUM, at=reader.off + bad)
+                yield batch
+        else:
+            yield from _large_members(reader, marks, compressed)
         before = reader.off + reader.pos
         item = reader.step()
         if item is _END:
             return
+        if item is not None and len(item[1]) >= DIRECT_MIN:  # type: ignore[index]
+            reader.ahead, small = BLOCK, 0  # large members: one by one, no read-ahead
+        elif reader.ahead == BLOCK:
+            small += 1
+            if small == _SMALL_RUN:
+                reader.ahead = reader.chunk
         if item is not None:
             if marks is not None:
                 marks[0] = (before, 0, [], compressed)

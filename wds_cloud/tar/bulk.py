@@ -1,0 +1,168 @@
+"""Plain tar members parsed straight out of a buffer: the reader's path for small members.
+
+:func:`fast_batch` walks consecutive plain members (a type ``0`` header without ustar prefix,
+optionally after one pax or GNU long-name header) whose data is in the buffer. The first are
+parsed one by one; when they are small, the rest of the buffer is walked with numpy in one
+pass. numpy is imported on first use only, so a process that never meets small members (or
+never reads a tar) does not pay for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .header import BLOCK, pax_overrides
+
+__all__ = ["Member", "fast_batch", "fast_extended"]
+
+Member = tuple[str, bytes]
+
+_PROBE = 32  # members parsed one by one before deciding whether to vectorize
+_DENSE_BLOCKS = 16  # vectorize when those members take at most this many blocks on average
+
+
+def fast_batch(buf: bytes, pos: int) -> tuple[list[Member], list[int], list[int], int]:
+    """Parse consecutive plain members from ``pos``: a type ``0`` header without ustar prefix
+    (optionally after one pax or GNU long-name header), data buffered.
+
+    Returns the members, their header offsets, the offsets of the extended headers before them
+    (checksums still unverified) and where it stopped. The first members are parsed one by one;
+    if they are small, the rest of the buffer is walked with numpy.
+    """
+    members: list[Member] = []
+    headers: list[int] = []
+    extended: list[int] = []
+    start = pos
+    pos = _walk(buf, pos, members, headers, extended, _PROBE)
+    if len(members) == _PROBE and pos - start <= _PROBE * _DENSE_BLOCKS * BLOCK:
+        pos = _walk_dense(buf, pos, members, headers, extended)
+    pos = _walk(buf, pos, members, headers, extended, len(buf))
+    return members, headers, extended, pos
+
+
+def _walk(buf: bytes, pos: int, members: list[Member], headers: list[int], extended: list[int],
+          count: int) -> int:
+    """Append up to ``count`` plain members from ``pos``; return where it stopped."""
+    add, mark, find = members.append, headers.append, buf.find
+    end = len(buf)
+    limit = end - BLOCK
+    for _ in range(count):
+        if pos > limit:
+            break
+        start = pos
+        name = size = None
+        if buf[pos + 156] != 48:
+            ext = fast_extended(buf, pos, limit)
+            if ext is None:
+                break
+            pos, name, size = ext
+            if buf[pos + 156] != 48:
+                pos = start
+                break
+        if buf[pos + 135] or (buf[pos + 345] and name is None):
+            pos = start
+            break
+        try:
+            header_size = int(buf[pos + 124:pos + 135], 8)
+        except ValueError:
+            pos = start
+            break
+        size = header_size if size is None else size
+        data = pos + BLOCK
+        nxt = data + ((size + 511) & -512)
+        if nxt > end or size < 0 or header_size < 0:
+            pos = start
+            break
+        if name is None:
+            nul = find(b"\0", pos, pos + 100)
+            name = buf[pos:nul if nul >= 0 else pos + 100].decode("utf-8", "surrogateescape")
+        add((name, buf[data:data + size]))
+        mark(pos)
+        if start != pos:
+            extended.append(start)
+        pos = nxt
+    return pos
+
+
+def _walk_dense(buf: bytes, pos: int, members: list[Member], headers: list[int],
+                extended: list[int]) -> int:
+    """:func:`_walk` vectorized: every block from ``pos`` is parsed as if it were a plain
+    header in one numpy pass, then Python follows the chain of next-header indexes."""
+    import numpy as np  # only shards of small members pay for it
+
+    nblocks = (len(buf) - pos) // BLOCK
+    rows = np.frombuffer(buf, np.uint8, nblocks * BLOCK, pos).reshape(nblocks, BLOCK)
+    digits = rows[:, 124:135].astype(np.int64) - 48
+    sizes = digits @ (8 ** np.arange(10, -1, -1, dtype=np.int64))  # octal digit weights
+    plain = ((rows[:, 156] == 48) & (rows[:, 135] == 0) & (rows[:, 345] == 0)
+             & ((digits >= 0) & (digits <= 7)).all(axis=1))
+    nxt = np.arange(1, nblocks + 1) + ((sizes + 511) >> 9)
+    nxt[~plain | (nxt > nblocks)] = -1
+    links, is_plain = nxt.tolist(), plain.tolist()
+    found: list[int] = []
+    overrides: dict[int, tuple[str | None, int | None]] = {}
+    i = 0
+    while i < nblocks:
+        j = links[i]
+        if j < 0:  # not a plain member: maybe a pax/long-name header before one
+            ext = fast_extended(buf, pos + i * BLOCK, len(buf) - BLOCK)
+            if ext is None:
+                break
+            k = (ext[0] - pos) // BLOCK
+            j = links[k] if ext[2] is None else k + 1 + ((ext[2] + 511) >> 9)
+            if not is_plain[k] or not 0 < j <= nblocks or (ext[2] or 0) < 0:
+                break
+            if ext[1] is not None or ext[2] is not None:
+                overrides[k] = ext[1:]
+            extended.append(pos + i * BLOCK)
+            i = k
+        found.append(i)
+        i = j
+    if found:
+        _collect(buf, pos, rows, sizes, found, overrides, members)
+        headers.extend(pos + b * BLOCK for b in found)
+    return pos + i * BLOCK
+
+
+def _collect(buf: bytes, pos: int, rows: Any, sizes: Any, found: list[int],
+             overrides: dict[int, tuple[str | None, int | None]], members: list[Member]) -> None:
+    """Append the members whose headers are the blocks ``found`` (relative to ``pos``)."""
+    import numpy as np
+
+    idx = np.array(found, dtype=np.intp)
+    nul = rows[idx, :100] == 0
+    lengths = np.where(nul.any(axis=1), nul.argmax(axis=1), 100).tolist()
+    starts = (idx * BLOCK + pos).tolist()
+    lens = sizes[idx].tolist()
+    names = [buf[p:p + n].decode("utf-8", "surrogateescape")
+             for p, n in zip(starts, lengths, strict=True)]
+    for n, k in enumerate(found) if overrides else ():
+        if k in overrides:
+            name, size = overrides[k]
+            names[n] = names[n] if name is None else name
+            lens[n] = lens[n] if size is None else size
+    datas = [buf[p + BLOCK:p + BLOCK + n] for p, n in zip(starts, lens, strict=True)]
+    members.extend(zip(names, datas, strict=True))
+
+
+def fast_extended(buf: bytes, pos: int, limit: int) -> tuple[int, str | None, int | None] | None:
+    """A buffered pax (``x``) or GNU long-name (``L``) header at ``pos`` whose member header is
+    buffered too: ``(member header offset, name or None, size or None)``; None otherwise."""
+    kind = buf[pos + 156]
+    if (kind != 120 and kind != 76) or buf[pos + 135]:
+        return None
+    try:
+        size = int(buf[pos + 124:pos + 135], 8)
+    except ValueError:
+        return None
+    nxt = pos + BLOCK + ((size + 511) & -512)
+    if size < 0 or nxt > limit:
+        return None
+    data = buf[pos + BLOCK:pos + BLOCK + size]
+    if kind == 76:
+        nul = data.find(b"\0")
+        return nxt, data[:nul if nul >= 0 else size].decode("utf-8", "surrogateescape"), None
+    try:
+        return (nxt, *pax_overrides(data))
+    except ValueError:
+        return None  # the general path reports it
