@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from shardgen import write_tar
 import wds_cloud as wds
 from wds_cloud import router as router_module
 from wds_cloud.cache import ShardCache
+from wds_cloud.settings import Settings
 
 
 def _shards(root: Path, n: int = 10) -> str:
@@ -57,3 +59,37 @@ def test_the_router_is_not_pickled_and_is_rebuilt_in_a_copy(tmp_path: Path) -> N
     copy = pickle.loads(state)
     assert len(list(copy)) == 6
 
+
+
+def test_only_urls_a_round_trip_away_are_opened_ahead(
+    tmp_path: Path, nginx_server: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Read-ahead opens shards whose first byte is a round trip away; local files, stdin and
+    published cache entries are served by the page cache and are opened when their turn
+    comes (no thread, no memory held before)."""
+    store = nginx_server.new_store()
+    shard = write_tar(tmp_path / "a.tar", [("k", {"txt": b"text"})])
+    store.put("a.tar", Path(shard).read_bytes())
+    remote = store.url("a.tar")
+    monkeypatch.setenv("WDS_REWRITE", f"gs://mirror/={tmp_path}/")
+    settings = router_module.with_cache(Settings.from_env(), str(tmp_path / "cache"), None)
+    router = router_module.Router(settings)
+    local = str(tmp_path / "x.tar")
+    assert not router.costs_round_trip(local)
+    assert not router.costs_round_trip(f"file://{local}")
+    assert not router.costs_round_trip("-")
+    assert not router.costs_round_trip("gs://mirror/x.tar")  # rewritten onto a local path
+    assert router.costs_round_trip("pipe:cat x.tar")
+    assert router.costs_round_trip("s3://bucket/x.tar")
+    assert router.costs_round_trip(remote)  # not cached yet
+    with router.open(remote) as stream:
+        stream.read()
+    assert not router.costs_round_trip(remote)  # published in the cache now
+
+
+def test_local_shards_are_read_without_readahead_threads(tmp_path: Path) -> None:
+    ds = wds.WebDataset(_shards(tmp_path / "data", 4), shardshuffle=False)
+    names = set()
+    for _ in ds:
+        names |= {t.name for t in threading.enumerate()}
+    assert not any(name.startswith("wds-readahead") for name in names)

@@ -63,6 +63,10 @@ class ShardOpener:
     def __call__(self, url: str, **kw: Any) -> BinaryIO:
         return self.router.open(url, "rb", **kw)
 
+    def costs_round_trip(self, url: str) -> bool:
+        """Whether opening ``url`` ahead pays (see :meth:`Router.costs_round_trip`)."""
+        return self.router.costs_round_trip(url)
+
     def samples(
         self, src: Iterable[Sample], handler: Handler, select_files: Any, rename_files: Any,
         *, share: int = 1, cursor: tario.ShardCursor | None = None,
@@ -80,12 +84,14 @@ def read_shards(
     cursor: tario.ShardCursor | None = None,
 ) -> Iterator[Sample]:
     """Samples of the shards ``{"url": ...}`` of ``src`` opened with ``open_stream``, the
-    next ``settings.readahead // share`` opened in the background."""
+    next ``settings.readahead // share`` opened in the background: those whose first byte is
+    a round trip away, when ``open_stream`` says which (``costs_round_trip(url)``)."""
     depth = settings.readahead
     if depth and share > 1:
         depth = max(1, depth // share)
     max_bytes = settings.readahead_bytes // max(share, 1)
-    with ReadAhead(open_stream, depth=depth, max_bytes=max_bytes) as ahead:
+    worth = getattr(open_stream, "costs_round_trip", None)
+    with ReadAhead(open_stream, depth=depth, max_bytes=max_bytes, worth=worth) as ahead:
         yield from tario.samples_from_shards(ahead.sources(src), handler, select_files,
                                              rename_files, open_stream=ahead.open,
                                              cursor=cursor)

@@ -151,6 +151,23 @@ class Router:
         """The shard cache the settings ask for, if any (made once)."""
         return self._cache
 
+    def costs_round_trip(self, url: str) -> bool:
+        """Whether the first byte of ``url`` is a round trip away (a store, a ``pipe:``
+        command, a cache entry not on disk yet), so that opening it ahead pays. False for a
+        local file, standard input or a published cache entry: the page cache serves those,
+        and reading them ahead would only hold memory. True when in doubt (a URL that cannot
+        be resolved: opening it reports why)."""
+        if url == "-":
+            return False
+        try:
+            resolved = self.resolve(url)
+        except ValueError:
+            return True
+        if split_scheme(resolved)[0] in ("", "file"):
+            return False
+        cache = self.cache()
+        return cache is None or not cache.wants(resolved) or cache.published(resolved) is None
+
     def _open(self, url: str, resolved: str, mode: str, options: dict[str, Any]) -> BinaryIO:
         opener = openers.get_opener(resolved)
         log.debug("open %s (%s) with %r", redact(resolved), mode, opener)

@@ -185,6 +185,25 @@ def test_same_samples_as_without_readahead_and_one_open_each(
     assert _threads_end() == []
 
 
+def test_only_urls_worth_it_are_opened_ahead(shards: list[str]) -> None:
+    """``worth`` says which shards are opened ahead; the others are opened when asked for,
+    and every shard still reads the same."""
+    sources = [{"url": u} for u in shards]
+    remote = set(shards[1::2])
+    opener = SlowOpener()
+    with ReadAhead(opener, depth=3, max_bytes=1 << 20, worth=remote.__contains__) as ra:
+        got = list(tario.samples_from_shards(ra.sources(sources), reraise_exception,
+                                             open_stream=_asking(ra, opener)))
+        stats = ra.stats
+    assert got == _baseline(sources)
+    assert Counter(opener.opens()) == Counter(shards)
+    assert (stats.opened_ahead, stats.direct) == (len(remote), len(shards) - len(remote))
+    for url in set(shards) - remote:  # opened right after it was asked for, not before
+        asked = opener.events.index(("asked", url))
+        assert opener.events[asked + 1] == ("open", url)
+        assert ("open", url) not in opener.events[:asked]
+
+
 def test_sources_yields_the_items_themselves(shards: list[str]) -> None:
     items: list[Any] = [{"url": shards[0], "x": 1}, {"no": "url"}, shards[1], {"url": shards[2]}]
     opener = SlowOpener()

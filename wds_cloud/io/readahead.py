@@ -16,6 +16,9 @@ Contract:
   for item *k+1*. Items without a URL pass through without being opened. An item marked
   ``{"url": ..., "readahead": False}`` comes from a queue that recycles a shard when the next
   one is asked for (``DirectoryShardList``): from it on nothing is pulled ahead.
+- ``worth(url)``, when given, says which URLs are worth opening ahead (those whose first byte
+  is a round trip away); the others are opened by ``open`` when their turn comes, as with
+  ``depth=0``, and hold neither a thread nor memory before.
 - Each prepared shard is opened exactly once with ``open_stream(url)``; then up to
   ``max_bytes // depth`` of its first bytes are read. The pre-read bytes of all shards not yet
   consumed never exceed ``max_bytes`` (0: open ahead without pre-reading).
@@ -123,11 +126,12 @@ class ReadAhead:
     """Opens the next ``depth`` shards of a source in the background (see the module doc)."""
 
     def __init__(self, open_stream: Callable[..., BinaryIO], *, depth: int = 2,
-                 max_bytes: int = 64 << 20) -> None:
+                 max_bytes: int = 64 << 20, worth: Callable[[str], bool] | None = None) -> None:
         for name, value in (("depth", depth), ("max_bytes", max_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"read-ahead {name} must be an integer >= 0, got {value!r}")
         self._open_stream = open_stream
+        self._worth = worth
         self.depth = depth
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
@@ -195,6 +199,8 @@ class ReadAhead:
             url = _url_of(item)
             if isinstance(item, dict) and item.get("offset"):
                 url = None  # resumed mid-shard: opened at its offset when its turn comes
+            if url is not None and self._worth is not None and not self._worth(url):
+                url = None  # opened by open() when its turn comes
             slot = None if url is None else self._schedule(url)
             with self._lock:
                 self._pending.append((item, slot))
