@@ -19,6 +19,7 @@ from shardgen import put_source, three_source_spec, write_tar
 from stores.base import Store
 
 import wds_cloud as wds
+from wds_cloud.tar import DIRECT_MIN
 
 WORKER = Path(__file__).with_name("resume_worker.py")
 BATCHES = 60  # per epoch (resume_worker.py)
@@ -254,3 +255,31 @@ def test_another_world_size_is_named(spec_file: Path, monkeypatch: pytest.Monkey
     with pytest.raises(wds.ResumeError, match="world_size") as info:
         next(iter(restored))
     assert info.value.field == "world_size"
+
+
+@pytest.mark.parametrize("suffix", [".tar", ".tar.gz"])
+def test_samples_of_large_members_resume_exactly(tmp_path: Path, suffix: str) -> None:
+    """Large members are read one by one and a sample is handed on as soon as the next
+    member's header shows a new key: the saved position must still be exact."""
+    big = DIRECT_MIN + 100
+    with wds.ShardWriter(str(tmp_path / f"l-%03d{suffix}"), maxcount=7) as sink:
+        for i in range(21):
+            sample = {"__key__": f"l{i:04d}", "bin": bytes([i]) * (big + i)}
+            if i % 3:
+                sample["cls"] = str(i).encode()  # a small member after the large one
+            sink.write(sample)
+    urls = str(tmp_path / f"l-{{000..002}}{suffix}")
+
+    def make() -> wds.WebDataset:
+        return wds.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "bin")
+
+    full = list(make())
+    assert [k for k, _ in full] == [f"l{i:04d}" for i in range(21)]
+    for stop in (1, 6, 7, 10, 20):
+        dataset = make()
+        it = iter(dataset)
+        head = [next(it) for _ in range(stop)]
+        state = dataset.state_dict()
+        restored = make()
+        restored.load_state_dict(state)
+        assert head + list(restored) == full, f"resumed after {stop} samples"

@@ -104,15 +104,17 @@ class Decompressed:
         return out
 
 
-def tar_source(stream: BinaryIO, url: str) -> tuple[Callable[[int], bytes], bytes]:
-    """``(read, first_bytes)`` for the tar bytes of ``stream``, decompressing when needed."""
+def tar_source(stream: BinaryIO, url: str, *, peek: int = CHUNK_SIZE
+               ) -> tuple[Callable[[int], bytes], bytes]:
+    """``(read, first_bytes)`` for the tar bytes of ``stream``, decompressing when needed;
+    ``peek``: how much to read first (at least the 10 bytes that tell the compression)."""
     read = stream.read
-    head = read(CHUNK_SIZE)
+    head = read(peek)
     if not isinstance(head, (bytes, bytearray)):
         raise TypeError(f"the stream of {redact(url)!r} returned {type(head).__name__}, not "
                         f"bytes: open shards in binary mode ('rb')")
     while head and len(head) < 10:
-        more = read(CHUNK_SIZE)
+        more = read(max(peek, 10))
         if not more:
             break
         head += more

@@ -49,7 +49,7 @@ from ..errors import (
 )
 from ..handlers import Handler, reraise_exception
 from ..urls import redact
-from .reader import Marks, iter_member_batches, member_start
+from .reader import Following, Marks, iter_member_batches, member_start
 
 __all__ = [
     "ShardCursor",
@@ -225,11 +225,12 @@ class _Outcome:
 
 
 def _batches(stream: BinaryIO, url: str, handler: Handler, outcome: _Outcome,
-             marks: list[Marks] | None = None) -> Iterator[list[tuple[str, bytes]]]:
+             marks: list[Marks] | None = None, following: Following | None = None,
+             ) -> Iterator[list[tuple[str, bytes]]]:
     """The shard's member batches; a read error goes to ``handler``, whose answer (go on to
     the next shard, or stop) is stored in ``outcome``."""
     try:
-        yield from iter_member_batches(stream, url=url, marks=marks)
+        yield from iter_member_batches(stream, url=url, marks=marks, following=following)
     except Exception as exn:
         outcome.damaged = True
         member = getattr(exn, "member", None) if isinstance(exn, ShardFormatError) else None
@@ -406,6 +407,11 @@ class ShardCursor:
         self._prev, self._at = self._at, (self.marks[0], batch, j)
         self.ordinal += 1
 
+    def boundary_at(self, offset: int) -> None:
+        """The sample about to be yielded ends at byte ``offset`` (-1: unknown)."""
+        self._prev, self._at = self._at, offset
+        self.ordinal += 1
+
     def finish(self) -> None:
         """The shard's last sample is about to be yielded."""
         self._prev, self._at = self._at, -1
@@ -518,7 +524,8 @@ def _shard_samples(
     key: str | None = None
     outcome = _Outcome()
     marks = None if cursor is None else cursor.marks
-    for batch in _batches(stream, url, handler, outcome, marks):
+    following: Following = [None]
+    for batch in _batches(stream, url, handler, outcome, marks, None if hooks else following):
         for j, (name, data) in enumerate(batch):
             if name.startswith("__") and _is_meta(name, _META):
                 continue
@@ -556,6 +563,13 @@ def _shard_samples(
             current[suffix] = data
         if not outcome.go_on:
             break
+        if following[0] is not None and valid_sample(current):
+            name, at = following[0]
+            if _key(name) not in (key, None):  # the next member starts another sample
+                if cursor is not None:
+                    cursor.boundary_at(at)
+                yield current
+                current, key = {}, None
     # A sample still open when damage cut the shard short may lack members that were lost:
     # unlike webdataset, it is dropped rather than passed on as if complete, unless the damage
     # is in a member of the next sample.
@@ -567,6 +581,17 @@ def _shard_samples(
     elif cursor is not None:
         cursor.done = True
     return outcome.go_on
+
+
+def _key(name: str) -> str | None:
+    """The key grouping gives member ``name`` (None: a member it skips)."""
+    if name.startswith("__") and _is_meta(name, _META):
+        return None
+    if "/" not in name:
+        prefix, dot, _ = name.partition(".")
+        return prefix if prefix and dot else None
+    split = _split_path(name)
+    return None if split is None else split[0]
 
 
 def _ends_before(broken: str | None, key: str | None, select_files: Selector | None,
