@@ -70,8 +70,9 @@ def unsigned_sum(header: bytes) -> int:
 
 def checksum_ok(header: bytes) -> bool:
     """Whether a 512-byte header's checksum holds (unsigned, or the signed variant)."""
-    try:
-        stored = parse_number(header[148:156])
+    field = header[148:156]
+    try:  # the usual form is "%06o\0 "
+        stored = int(field[:6], 8) if field[6:] == b"\0 " else parse_number(field)
     except ValueError:
         return False
     unsigned = unsigned_sum(header)

@@ -86,6 +86,7 @@ class _Reader:
     def __init__(self, read: Callable[[int], bytes], head: bytes, url: str, chunk: int) -> None:
         self.read, self.buf, self.url, self.chunk = read, head, url, chunk
         self.ahead = chunk
+        self.sound = -1  # offset of the last header whose checksum was found sound ahead
         self.pos = 0  # position in buf
         self.off = 0  # stream offset of buf[0]; always a multiple of BLOCK
 
@@ -270,6 +271,7 @@ def _next_plain(reader: _Reader, compressed: bool) -> tuple[str, int] | None:
     header = buf[pos:pos + BLOCK]
     if not checksum_ok(header):
         return None
+    reader.sound = reader.off + pos
     nul = header.find(0, 0, 100)
     name = header[:nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
     return name, -1 if compressed else reader.off + pos
@@ -296,11 +298,12 @@ def _large_members(reader: _Reader, marks: list[Marks] | None, compressed: bool,
             size = int(header[124:135], 8)
         except ValueError:
             return
-        if not DIRECT_MIN <= size <= _READ_PIECE or not checksum_ok(header):
+        at = reader.off + pos
+        if not DIRECT_MIN <= size <= _READ_PIECE or (at != reader.sound
+                                                      and not checksum_ok(header)):
             return
         nul = header.find(0, 0, 100)
         name = header[:nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
-        at = reader.off + pos
         reader.off, reader.buf, reader.pos = at + BLOCK, b"", 0
         data = read(size)
         if len(data) != size:  # a short read: the general way, which also reports truncation
