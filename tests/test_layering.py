@@ -50,6 +50,25 @@ def test_lower_layers_import_without_torch_fsspec_stores_or_cache(room: str) -> 
     assert out.stdout.strip() == "[]", f"{room} pulls in {out.stdout.strip()}"
 
 
+def test_the_torch_layer_and_the_commands_import_without_torch() -> None:
+    """torch is imported by using a WebLoader or a torch codec, never by importing a module
+    (tests/test_no_torch.py runs the datasets and commands with torch blocked)."""
+    from wds_cloud.cli.main import COMMANDS
+
+    modules = ["wds_cloud.pytorch", "wds_cloud.dataset", "wds_cloud.specdataset",
+               "wds_cloud.compat", "wds_cloud.shardlists",
+               *(f"wds_cloud.cli.{c}" for c in COMMANDS)]
+    code = (
+        "import importlib, sys\n"
+        "sys.modules['torch'] = None\n"
+        f"for module in {modules!r}: importlib.import_module(module)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch')))\n"
+    )
+    out = _run(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['torch']"  # the block itself, nothing else
+
+
 def test_all_is_the_lazy_export_table() -> None:
     assert wds_cloud.__all__ == sorted(wds_cloud._EXPORTS)
     out = _run("import wds_cloud as w\nmissing=[n for n in w.__all__ if not hasattr(w, n)]\n"

@@ -155,6 +155,14 @@ _MODULE_ALIASES: dict[str, str] = {
     "utils": "utils",
     "writer": "tar.writer",
 }
+#: the public classes that webdataset 1.0 makes ``torch.utils.data.IterableDataset``
+#: subclasses: looking one up calls :func:`wds_cloud.pytorch.register_torch_datasets` (which
+#: never imports torch), so a shard list alone is an IterableDataset once torch is imported
+_TORCH_DATASETS = frozenset({
+    "DataPipeline", "DirectoryShardList", "ExactEpochShards", "FluidWrapper", "MockDataset",
+    "MultiShardSample", "RandomMix", "ResampledShards", "RoundRobin", "SimpleShardList",
+    "WebDataset", "WebLoader", "with_epoch", "with_length",
+})
 #: the rooms and top-level modules, importable as attributes like any submodule
 _SUBMODULES = frozenset({
     "cache", "cli", "codecs", "dataset", "errors", "handlers", "io", "parallel", "pipeline",
@@ -169,6 +177,8 @@ def __getattr__(name: str) -> Any:
     if module is not None:
         value = getattr(importlib.import_module(f".{module}", __name__), name)
         globals()[name] = value
+        if name in _TORCH_DATASETS:
+            importlib.import_module(".pytorch", __name__).register_torch_datasets()
         return value
     if name in _MODULE_ALIASES or name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)

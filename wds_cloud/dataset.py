@@ -2,8 +2,9 @@
 
 This is the composition root: it binds the layer-2 functions (which take an ``open_stream``
 argument) to :func:`wds_cloud.router.gopen`, and the shard splitters to
-:func:`wds_cloud.pytorch.worker_info`. It imports torch only when a dataset is constructed (see
-:mod:`wds_cloud.pytorch`), and only if torch is installed.
+:func:`wds_cloud.pytorch.worker_info`. It never imports torch: a dataset is a torch
+``IterableDataset`` once torch is imported, before or after it is built (see
+:mod:`wds_cloud.pytorch`).
 
 ``WebDataset`` takes webdataset 1.0.2's arguments. Where webdataset silently ignored one, we
 use it or refuse it:
@@ -298,7 +299,8 @@ class WebDataset(DataPipeline, FluidInterface):
     ``resampled``), ``nodesplitter``, ``workersplitter``, the shard shuffle, reading and
     grouping the tar files (``tarfile_to_samples`` with ``handler``, ``select_files`` and
     ``rename_files``), and the empty check. See the module docstring for arguments that
-    behave differently from webdataset. A torch ``IterableDataset`` when torch is installed.
+    behave differently from webdataset. A torch ``IterableDataset`` whenever torch is imported
+    (it never imports torch itself).
     """
 
     def __init__(

@@ -1,7 +1,8 @@
 """Everything that knows about PyTorch; the only module of wds_cloud that imports torch.
 
-torch is never imported at module import time, and everything works without torch installed
-(as a single process):
+torch is never imported at module import time, and only :class:`WebLoader` imports it: building
+and iterating datasets never does, and everything works without torch installed (as a single
+process):
 
 * :func:`worker_info` finds the rank and worker: ``RANK``/``WORLD_SIZE`` and
   ``WORKER``/``NUM_WORKERS`` from :class:`~wds_cloud.settings.Settings` first (as webdataset),
@@ -14,14 +15,21 @@ torch is never imported at module import time, and everything works without torc
   ``worker_share``, ``require_single_node``, ``ShardResampler``, ``resample_items``) to
   :func:`worker_info`; the shard-list names of :mod:`wds_cloud.pipeline.shards` are re-exported
   so this module can stand in for webdataset's ``shardlists``.
-* IterableDataset: ``torch.utils.data.DataLoader`` treats a dataset as iterable only if it is an
-  instance of ``torch.utils.data.IterableDataset``. That class is an ABC, so instead of
-  subclassing it (which would import torch whenever wds_cloud's pipeline classes are imported),
-  :func:`register_torch_datasets` registers :class:`~wds_cloud.pipeline.Pipeline`, the shard
-  lists and the mixers as virtual subclasses. :class:`DataPipeline` (the public
-  ``wds_cloud.DataPipeline``), ``WebDataset``, ``WebLoader`` and ``ResampledShards`` call it
-  when constructed: the first construction imports torch if it is installed; ``import
-  wds_cloud`` never does.
+* IterableDataset, without importing torch: ``torch.utils.data.DataLoader`` treats a dataset
+  as iterable only if it is an instance of ``torch.utils.data.IterableDataset``. That class is
+  an ABC, so :func:`register_torch_datasets` registers the pipeline, the shard lists and the
+  mixers (``wds_cloud._TORCH_DATASETS``) as its virtual subclasses as soon as torch defines
+  it: at once if ``torch.utils.data`` is loaded, else when it is, through a finder on
+  ``sys.meta_path`` that watches for that one module (wrapt's post-import hooks in a few
+  lines; wrapt itself takes ~70 ms to import). So ``ds = wds.WebDataset(...); import torch;
+  DataLoader(ds)`` works, and a JAX or plain Python user never loads torch (≈1.4 s). Not
+  chosen: subclassing it (imports torch with every pipeline), or appending it to our
+  ``__bases__`` once torch is there (HuggingFace datasets'
+  ``_maybe_add_torch_iterable_dataset_parent_class``: it needs torch at construction, and
+  gives our classes ``Dataset.__getitem__``/``__add__``). Constructing a :class:`DataPipeline`
+  (so ``WebDataset``, ``FluidWrapper``, ``MultiShardSample``, ``WebLoader``) or
+  ``ResampledShards``, unpickling one (in a DataLoader worker started with ``spawn``), or
+  looking up a dataset class on ``wds_cloud`` calls it; ``import wds_cloud`` does not.
 * :class:`WebLoader` is webdataset's: a pipeline (with the fluid methods) whose source is a
   ``DataLoader``. Before each pass over the DataLoader it calls ``set_epoch(epoch)`` on the
   dataset, so workers started afresh each epoch (``persistent_workers=False``) see the epoch.
@@ -32,9 +40,14 @@ torch is never imported at module import time, and everything works without torc
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.machinery
+import logging
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import ModuleType
 from typing import Any, TypeVar
 
 from .errors import ConfigError, MissingDependencyError, ResumeError
@@ -71,26 +84,29 @@ __all__ = [
     "worker_info",
 ]
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 
 
-def _node_from_torch(group: object) -> tuple[int, int]:
-    if "torch" not in sys.modules or sys.modules["torch"] is None:
-        return 0, 1
-    import torch.distributed as dist
+def _loaded(name: str) -> Any:
+    """Module ``name`` if this process has imported it (``None`` also when it is blocked with
+    ``sys.modules[name] = None``). Never imports: a process that has not imported torch is
+    neither a DataLoader worker nor in a process group, and must not pay for torch."""
+    return sys.modules.get(name)
 
-    if not (dist.is_available() and dist.is_initialized()):
+
+def _node_from_torch(group: object) -> tuple[int, int]:
+    dist = _loaded("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
         return 0, 1
     group = group if group is not None else dist.group.WORLD
-    return dist.get_rank(group=group), dist.get_world_size(group=group)  # type: ignore[arg-type]
+    return dist.get_rank(group=group), dist.get_world_size(group=group)
 
 
 def _worker_from_torch() -> tuple[int, int, int | None]:
-    if "torch" not in sys.modules or sys.modules["torch"] is None:
-        return 0, 1, None
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
+    data = _loaded("torch.utils.data")
+    info = None if data is None else data.get_worker_info()
     if info is None:
         return 0, 1, None
     return info.id, info.num_workers, info.seed
@@ -154,32 +170,106 @@ def resampled(
     return pipeline.stage(shards.resample_items, n, seed=seed, worker_info=_source(worker_info))
 
 
-@functools.cache
+#: the module that defines ``torch.utils.data.IterableDataset``
+_TORCH_DATASET_MODULE = "torch.utils.data.dataset"
+
+
+def _dataset_classes() -> tuple[type, ...]:
+    """The classes of ``wds_cloud._TORCH_DATASETS`` (the public classes that webdataset 1.0
+    makes ``IterableDataset`` subclasses), or their bases: a registered class's subclasses
+    (``DataPipeline``, ``WebDataset``, ``ResampledShards``...) follow it."""
+    from .pipeline import exact, mix
+
+    return (pipeline.Pipeline, pipeline.MockDataset, pipeline.with_epoch, pipeline.with_length,
+            shards.SimpleShardList, shards.ShardResampler, DirectoryShardList,
+            exact.ExactEpochShards, mix.RandomMix, mix.RoundRobin)
+
+
+def _register_with(iterable_dataset: Any) -> None:
+    for cls in _dataset_classes():
+        iterable_dataset.register(cls)  # an ABC: registering twice changes nothing
+
+
+class _RegisteringLoader(importlib.abc.Loader):
+    """torch's own loader of ``torch.utils.data.dataset``, then :func:`_register_with`."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self.loader  # the module keeps its own loader (source, resources)
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        try:
+            _register_with(module.IterableDataset)
+        except Exception:  # never break the user's ``import torch``
+            log.warning("could not register wds_cloud's datasets as torch IterableDatasets",
+                        exc_info=True)
+
+
+class _TorchWatcher(importlib.abc.MetaPathFinder):
+    """A finder that finds nothing itself: when ``torch.utils.data.dataset`` is about to be
+    loaded, it lets the other finders find it and wraps its loader in a
+    :class:`_RegisteringLoader`. It stays on ``sys.meta_path`` (removing a finder while
+    another thread iterates the list could skip one); for other modules it costs a compare."""
+
+    def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None,
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _TORCH_DATASET_MODULE:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _RegisteringLoader(spec.loader)
+                return spec
+        return None
+
+
+_watching = threading.Lock()
+
+
 def register_torch_datasets() -> bool:
-    """Make wds_cloud's datasets ``torch.utils.data.IterableDataset`` instances (if installed).
+    """Make wds_cloud's datasets ``torch.utils.data.IterableDataset`` instances, now or
+    whenever torch is imported; never imports torch.
 
-    Registers them as virtual subclasses of the ABC; returns whether torch is installed.
-    Idempotent; imports torch on the first call.
+    If this process has loaded ``torch.utils.data``, registers them as virtual subclasses of
+    the ABC and returns True. Otherwise (the first time) puts a :class:`_TorchWatcher` on
+    ``sys.meta_path`` that registers them when it is loaded, and returns False. Cheap and
+    idempotent: datasets call it when constructed.
     """
-    try:
-        from torch.utils.data import IterableDataset
-    except ImportError:
-        return False
-    from .pipeline import mix
-
-    for cls in (
-        pipeline.Pipeline, shards.SimpleShardList, shards.ShardResampler,
-        mix.RandomMix, mix.RoundRobin,
-    ):
-        IterableDataset.register(cls)
-    return True
+    iterable_dataset = getattr(_loaded(_TORCH_DATASET_MODULE), "IterableDataset", None)
+    if iterable_dataset is not None:
+        _register_with(iterable_dataset)
+        return True
+    with _watching:
+        if not any(isinstance(f, _TorchWatcher) for f in sys.meta_path):
+            sys.meta_path.insert(0, _TorchWatcher())
+    return False
 
 
-class DataPipeline(pipeline.Pipeline):
-    """webdataset's ``DataPipeline``: a torch ``IterableDataset`` whenever torch is installed.
+class _TorchDataset:
+    """Mixin: an unpickled copy (in a DataLoader worker started with ``spawn``, which imports
+    torch before the dataset) is a torch ``IterableDataset`` there too."""
 
-    Same as :class:`wds_cloud.pipeline.Pipeline` (which torch-free code should use), except
-    that constructing it first calls :func:`register_torch_datasets`.
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        register_torch_datasets()
+        self.__dict__.update(state)
+
+
+class DataPipeline(_TorchDataset, pipeline.Pipeline):
+    """webdataset's ``DataPipeline``: a torch ``IterableDataset`` whenever torch is imported,
+    before or after it is built; it never imports torch itself.
+
+    Same as :class:`wds_cloud.pipeline.Pipeline`, plus :func:`register_torch_datasets` when
+    constructed or unpickled, and :meth:`set_epoch`.
     """
 
     #: rank and worker from torch (and the environment), for per-rank epochs
@@ -195,7 +285,7 @@ class DataPipeline(pipeline.Pipeline):
             set_epoch(stage, epoch)
 
 
-class ResampledShards(shards.ShardResampler):
+class ResampledShards(_TorchDataset, shards.ShardResampler):
     """:class:`~wds_cloud.pipeline.shards.ShardResampler` with the rank and worker from
     :func:`worker_info`.
 
@@ -418,10 +508,11 @@ class WebLoader(DataPipeline, FluidInterface):
     """
 
     def __init__(self, *args: Any, **kw: Any) -> None:
-        if not register_torch_datasets():
-            raise MissingDependencyError("WebLoader", "torch", "torch")
-        from torch.utils.data import DataLoader
-
+        try:
+            from torch.utils.data import DataLoader  # the one place a dataset imports torch
+        except ImportError as exc:
+            raise MissingDependencyError("WebLoader", "torch", "torch") from exc
+        register_torch_datasets()  # before DataLoader sees the dataset (built without torch?)
         from .stores.iostats import IO_FIELDS
 
         loader = DataLoader(*args, **kw)

@@ -3,8 +3,8 @@
 ``batched`` groups samples into lists and collates them: dict samples become a dict of columns,
 tuple (or list) samples a tuple of columns. A column of ints/floats (and numpy scalars) becomes a
 numpy array, a column of numpy arrays is stacked, a column of torch tensors is stacked with
-torch, anything else stays a list. torch is never imported here: a value is a tensor only if
-torch was already imported by whoever made it.
+torch, anything else stays a list. torch is never imported here, and numpy only to collate
+numbers: a value is a tensor (or a numpy value) only if whoever made it imported torch (numpy).
 
 Differences from webdataset 1.0.2, on purpose: dict batches keep the key order of the first
 sample (webdataset's order is a set's), numpy scalar columns are stacked into arrays (webdataset
@@ -20,8 +20,6 @@ from itertools import islice
 from numbers import Integral
 from typing import Any
 
-import numpy as np
-
 from ..errors import ConfigError, ShardFormatError
 from .core import pipelinefilter
 
@@ -33,9 +31,6 @@ __all__ = [
     "unbatched",
     "unlisted",
 ]
-
-_NUMBER_SCALARS = (int, float, np.number, np.bool_)
-
 
 def _same_shapes(values: Sequence[Any], field: object) -> None:
     shapes = {tuple(v.shape) for v in values}
@@ -53,19 +48,25 @@ def combine_values(
 ) -> Any:
     """Collate one column of a batch (see the module docstring); ``field`` names it in errors."""
     first = b[0]
-    if isinstance(first, _NUMBER_SCALARS):
-        return np.array(b) if combine_scalars else list(b)
+    numpy = sys.modules.get("numpy")
+    if isinstance(first, (int, float)) or (
+            numpy is not None and isinstance(first, (numpy.number, numpy.bool_))):
+        if not combine_scalars:
+            return list(b)
+        import numpy as np
+
+        return np.array(b)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(first, torch.Tensor):
         if not combine_tensors:
             return list(b)
         _same_shapes(b, field)
         return torch.stack(list(b))
-    if isinstance(first, np.ndarray):
+    if numpy is not None and isinstance(first, numpy.ndarray):
         if not combine_tensors:
             return list(b)
         _same_shapes(b, field)
-        return np.stack(b)
+        return numpy.stack(b)
     return list(b)
 
 

@@ -16,7 +16,6 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
-from urllib.request import url2pathname
 
 import braceexpand
 
@@ -84,6 +83,8 @@ class DirectoryShardList:
     ) -> None:
         scheme, rest = split_scheme(path)
         if scheme == "file":
+            from urllib.request import url2pathname  # (urllib.request costs ~20 ms to import)
+
             path = url2pathname(rest[2:] if rest.startswith("//") else rest)
         self.remote = scheme not in ("", "file")
         default_mode = "keep" if self.remote else "resample"

@@ -12,17 +12,19 @@ are mapped to floats, bounded ints, shuffles and weighted choices here, not by n
 Python's distribution code (which may change between versions), so a library upgrade cannot
 change a stream. Golden values in the tests pin the mapping.
 
-``draws`` counts the words used, for resumable state.
+``draws`` counts the words used, for resumable state. numpy is imported by the first stream
+made, not with this module (``import wds_cloud.pipeline`` stays light).
 """
 
 from __future__ import annotations
 
 from collections.abc import MutableSequence, Sequence
-from typing import Any, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .shards import derive_seed
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["MIX", "SCALE", "SHARDS", "SHUFFLE", "KeyedRandom"]
 
@@ -39,20 +41,29 @@ class KeyedRandom:
     """A random stream keyed by ``(seed, epoch, slot, purpose, *index)`` (see module doc)."""
 
     def __init__(self, seed: int, epoch: int, slot: int, purpose: int, *index: int) -> None:
+        import numpy as np
+
         self.key = (seed, epoch, slot, purpose, *index)
         self._bits = np.random.PCG64(derive_seed(seed, slot, purpose, epoch, *index))
         self._block = np.empty(0, dtype=np.uint64)
         self._pos = 0
         self.draws = 0
 
+    def _refill(self) -> None:
+        import numpy as np
+
+        self._block = np.asarray(self._bits.random_raw(_BLOCK), dtype=np.uint64)
+        self._pos = 0
+
     def words(self, n: int) -> np.ndarray[Any, np.dtype[np.uint64]]:
         """The next ``n`` raw 64-bit words."""
+        import numpy as np
+
         out = np.empty(n, dtype=np.uint64)
         filled = 0
         while filled < n:
             if self._pos >= len(self._block):
-                self._block = np.asarray(self._bits.random_raw(_BLOCK), dtype=np.uint64)
-                self._pos = 0
+                self._refill()
             take = min(n - filled, len(self._block) - self._pos)
             out[filled:filled + take] = self._block[self._pos:self._pos + take]
             self._pos += take
@@ -63,8 +74,7 @@ class KeyedRandom:
     def word(self) -> int:
         """The next raw 64-bit word."""
         if self._pos >= len(self._block):
-            self._block = np.asarray(self._bits.random_raw(_BLOCK), dtype=np.uint64)
-            self._pos = 0
+            self._refill()
         value = int(self._block[self._pos])
         self._pos += 1
         self.draws += 1
@@ -83,6 +93,8 @@ class KeyedRandom:
 
     def randoms(self, n: int) -> np.ndarray[Any, np.dtype[np.float64]]:
         """``n`` floats in [0, 1), as :meth:`random` would give them one by one."""
+        import numpy as np
+
         return (self.words(n) >> np.uint64(11)).astype(np.float64) * _TO_UNIT
 
     def uniform(self, lo: float, hi: float) -> float:
@@ -119,6 +131,8 @@ class KeyedRandom:
                n: int) -> np.ndarray[Any, np.dtype[np.intp]]:
         """``n`` indices drawn with the probabilities whose running sum is ``cumulative``
         (ending at 1.0)."""
+        import numpy as np
+
         found = np.searchsorted(cumulative, self.randoms(n), side="right")
         return np.minimum(found, len(cumulative) - 1)  # a last sum a rounding below 1.0
 

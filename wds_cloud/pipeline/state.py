@@ -35,8 +35,6 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
-import numpy as np
-
 from ..errors import ConfigError, ResumeError
 from ..tar.samples import ShardCursor
 from .filters import check_bufsize
@@ -77,12 +75,16 @@ def fingerprint(*parts: object) -> str:
 
 def encode_refs(refs: Iterable[Ref]) -> str:
     """``refs`` as one string (base64 of little-endian int64s: about 43 bytes per ref)."""
+    import numpy as np  # (here, not at import: a dataset that never saves a state skips it)
+
     flat = np.fromiter(itertools.chain.from_iterable(refs), dtype="<i8")
     return base64.b64encode(flat.tobytes()).decode("ascii")
 
 
 def decode_refs(text: str) -> list[Ref]:
     """The refs of :func:`encode_refs`."""
+    import numpy as np
+
     flat = np.frombuffer(base64.b64decode(text), dtype="<i8").reshape(-1, 4).tolist()
     return [(a, b, c, d) for a, b, c, d in flat]
 
@@ -404,6 +406,8 @@ class ResumableShuffle:
             head[1] = int(book.get("shuffle.phase", 0))
 
         def state() -> State:
+            import numpy as np
+
             used = memoryview(packed)[head[0] * _REF_BYTES:len(buf) * _REF_BYTES]
             out: State = {"shuffle.draws": rng.draws, "shuffle.phase": head[1],
                           "shuffle.buffer": base64.b64encode(used).decode("ascii")}
