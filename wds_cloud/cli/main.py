@@ -2,9 +2,10 @@
 parallel, look after a shard cache, check dataset specs, serve a local S3 server and run the
 demo job.
 
-``main.py`` builds the parser from one module per command (each has ``add_parser(sub)``); the
-commands sit on top of the public API (``import wds_cloud as wds``). The CLI is the only part of
-the package that prints.
+``main.py`` builds the parser from one module per command (each has ``add_parser(sub)``),
+importing only the module of the command run; the commands sit on top of the public API
+(``import wds_cloud as wds``). The CLI is the only part of the package that prints. Only the
+commands that hand data to torch (``bench --workers``, ``demo``) import torch.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from .common import EXIT_CODES, INTERRUPTED, OK, PROBLEMS, UNUSABLE, Formatter
 
 __all__ = ["build_parser", "main"]
 
-#: the commands, in the order ``--help`` lists them (module names under ``wds_cloud.cli``)
-COMMANDS = ("ls", "inspect", "head", "bench", "create", "mapshards", "cache", "spec",
-            "serve_s3", "demo")
+#: the module under ``wds_cloud.cli`` of each command, in the order ``--help`` lists them
+_MODULES = {"ls": "ls", "inspect": "inspect", "head": "head", "bench": "bench",
+            "create": "create", "map-shards": "mapshards", "cache": "cache", "spec": "spec",
+            "serve-s3": "serve_s3", "demo": "demo"}
+COMMANDS = tuple(_MODULES.values())
 
 _DESCRIPTION = """\
 Work with WebDataset shards wherever they are: local paths, s3://, gs://, az://, http(s)://,
@@ -49,7 +52,11 @@ examples:
 Run 'wds-cloud COMMAND --help' for a command's options."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; given a command line ``argv`` that names a command, of
+    that one only. A command's module may cost a tenth of a second to import (numpy, the
+    cache, the executors): ``head -n 1`` must not pay for them all. ``--help`` lists them
+    all."""
     parser = argparse.ArgumentParser(prog="wds-cloud", description=_DESCRIPTION,
                                      epilog=EXIT_CODES, formatter_class=Formatter)
     parser.add_argument("-v", "--verbose", action="count", default=0,
@@ -57,9 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", default=False,
                         help="no progress bars; also after the command")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
+    named = _command_in(argv or ())
+    for name in COMMANDS if named is None else (_MODULES[named],):
         importlib.import_module(f"{__package__}.{name}").add_parser(sub)
     return parser
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` runs, if it names one: its first word that is not an option (the
+    options before the command take no value)."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in _MODULES else None
 
 
 def exit_status(exc: WdsCloudError) -> int:
@@ -89,7 +104,8 @@ def error_message(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
