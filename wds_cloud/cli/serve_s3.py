@@ -65,6 +65,22 @@ def client_lines(options: dict[str, Any]) -> list[str]:
     ]
 
 
+def _announce(server: Any, root: Path, args: argparse.Namespace) -> None:
+    """Print how to reach ``server`` (as text or ``--json``)."""
+    endpoint = server.endpoint_url
+    buckets = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if args.json:
+        emit_json({"endpoint_url": endpoint, "key": args.key, "secret": args.secret,
+                   "root": str(root), "buckets": buckets,
+                   "storage_options": {"s3": server.storage_options}})
+    else:
+        print(f"S3 server (rclone) at {endpoint}, serving {root}")
+        print(f"buckets: {', '.join(buckets) or 'none yet (mkdir DIR/NAME makes one)'}")
+        print("\n".join(client_lines(server.storage_options)))
+        print("serving until Ctrl-C")
+    sys.stdout.flush()
+
+
 def cmd_serve_s3(args: argparse.Namespace) -> int:
     """Start the server, print how to reach it, serve until interrupted."""
     from ..testing.locals3 import LocalS3Server
@@ -77,19 +93,8 @@ def cmd_serve_s3(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with LocalS3Server(root, key=args.key, secret=args.secret, host=args.host,
                        port=args.port) as server:
-        endpoint = server.endpoint_url
-        buckets = sorted(p.name for p in root.iterdir() if p.is_dir())
-        if args.json:
-            emit_json({"endpoint_url": endpoint, "key": args.key, "secret": args.secret,
-                       "root": str(root), "buckets": buckets,
-                       "storage_options": {"s3": server.storage_options}})
-        else:
-            print(f"S3 server (rclone) at {endpoint}, serving {root}")
-            print(f"buckets: {', '.join(buckets) or 'none yet (mkdir DIR/NAME makes one)'}")
-            print("\n".join(client_lines(server.storage_options)))
-            print("serving until Ctrl-C")
-        sys.stdout.flush()
-        try:
+        try:  # from here: a Ctrl-C right after the lines are printed is a clean stop too
+            _announce(server, root, args)
             while not stop.wait(0.5):
                 if not server.running:
                     print(f"wds-cloud serve-s3: the server stopped:\n{server.log_tail()}",
