@@ -20,12 +20,11 @@ import logging
 import os
 from collections.abc import Sequence
 from typing import Any
-from urllib.request import url2pathname
 
 from .io import registry as openers
 from .router import Router, scheme_options
 from .stores.base import library_error
-from .urls import redact, split_scheme
+from .urls import file_url_path, redact, split_scheme
 
 __all__ = ["FEW", "Listings", "shard_sizes"]
 
@@ -73,7 +72,7 @@ def shard_sizes(urls: Sequence[str], *, router: Router,
 
 
 def _local_size(resolved: str, scheme: str, rest: str) -> int | None:
-    path = url2pathname(rest[2:] if rest.startswith("//") else rest) if scheme else resolved
+    path = file_url_path(rest) if scheme else resolved
     try:
         st = os.stat(path)
     except OSError:

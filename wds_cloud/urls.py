@@ -22,6 +22,7 @@ __all__ = [
     "ais_url",
     "apply_rewrite_rules",
     "expand_urls",
+    "file_url_path",
     "merge_scheme_options",
     "parse_rewrite_rules",
     "redact",
@@ -61,6 +62,15 @@ def split_scheme(url: str) -> tuple[str, str]:
     if m is None:
         return "", url
     return m.group(1).lower(), url[m.end():]
+
+
+def file_url_path(rest: str) -> str:
+    """The local path named by a ``file:`` URL, given what follows ``file:`` (``///a/b`` or
+    ``/a/b``), as :func:`urllib.request.url2pathname` reads it."""
+    # imported here: urllib.request brings http.client, ssl and email (~20 ms) along
+    from urllib.request import url2pathname
+
+    return url2pathname(rest[2:] if rest.startswith("//") else rest)
 
 
 def substitute_vars(url: str, url_vars: Mapping[str, str]) -> str:

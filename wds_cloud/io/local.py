@@ -13,10 +13,9 @@ import os
 import secrets
 import sys
 from typing import Any, BinaryIO, cast
-from urllib.request import url2pathname
 
 from ..errors import AccessDeniedError, ConfigError, OpenError, ShardNotFoundError
-from ..urls import split_scheme
+from ..urls import file_url_path, split_scheme
 
 __all__ = ["LocalOpener", "StdioOpener"]
 
@@ -32,7 +31,7 @@ class LocalOpener:
 
     def open(self, url: str, mode: str, **options: Any) -> BinaryIO:
         scheme, rest = split_scheme(url)
-        path = url2pathname(rest[2:] if rest.startswith("//") else rest) if scheme else url
+        path = file_url_path(rest) if scheme else url
         bufsize = options.pop("bufsize", -1)
         offset = int(options.pop("offset", 0) or 0)
         if options:
@@ -64,7 +63,7 @@ class LocalOpener:
         if not scheme:
             return sorted(globmod.glob(pattern))
         prefix = "file://" if rest.startswith("//") else "file:"
-        path = url2pathname(rest[2:] if rest.startswith("//") else rest)
+        path = file_url_path(rest)
         return sorted(prefix + found for found in globmod.glob(path))
 
 
