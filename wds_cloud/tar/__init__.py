@@ -1,8 +1,13 @@
 """L2 tar shards: header parsing, compression, the streaming member reader, grouping members into
 samples, and TarWriter/ShardWriter.
+
+The writers are imported on first use: they bring the encoders (and numpy), which reading
+shards does not need.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .compress import (
     CHUNK_SIZE,
@@ -38,12 +43,19 @@ from .samples import (
     tar_file_iterator,
     valid_sample,
 )
-from .writer import (
-    ShardWriter,
-    TarWriter,
-    numpy_dumps,
-    torch_dumps,
-)
+
+if TYPE_CHECKING:
+    from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
+
+_WRITER = frozenset({"ShardWriter", "TarWriter", "numpy_dumps", "torch_dumps"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WRITER:
+        from . import writer
+
+        return getattr(writer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "BLOCK",

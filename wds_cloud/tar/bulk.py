@@ -21,20 +21,21 @@ _PROBE = 32  # members parsed one by one before deciding whether to vectorize
 _DENSE_BLOCKS = 16  # vectorize when those members take at most this many blocks on average
 
 
-def fast_batch(buf: bytes, pos: int) -> tuple[list[Member], list[int], list[int], int]:
+def fast_batch(buf: bytes, pos: int, *, vectorize: bool = True
+               ) -> tuple[list[Member], list[int], list[int], int]:
     """Parse consecutive plain members from ``pos``: a type ``0`` header without ustar prefix
     (optionally after one pax or GNU long-name header), data buffered.
 
     Returns the members, their header offsets, the offsets of the extended headers before them
     (checksums still unverified) and where it stopped. The first members are parsed one by one;
-    if they are small, the rest of the buffer is walked with numpy.
+    if they are small and ``vectorize``, the rest of the buffer is walked with numpy.
     """
     members: list[Member] = []
     headers: list[int] = []
     extended: list[int] = []
     start = pos
     pos = _walk(buf, pos, members, headers, extended, _PROBE)
-    if len(members) == _PROBE and pos - start <= _PROBE * _DENSE_BLOCKS * BLOCK:
+    if vectorize and len(members) == _PROBE and pos - start <= _PROBE * _DENSE_BLOCKS * BLOCK:
         pos = _walk_dense(buf, pos, members, headers, extended)
     pos = _walk(buf, pos, members, headers, extended, len(buf))
     return members, headers, extended, pos

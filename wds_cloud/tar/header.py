@@ -82,9 +82,10 @@ def checksum_ok(header: bytes) -> bool:
     return high > 0 and stored == unsigned - 256 * high
 
 
-def first_bad_header(buf: bytes, headers: list[int]) -> int:
-    """Offset in ``buf`` of the first of the ``headers`` failing its checksum, or -1."""
-    if len(headers) < _NUMPY_MIN:
+def first_bad_header(buf: bytes, headers: list[int], *, vectorize: bool = True) -> int:
+    """Offset in ``buf`` of the first of the ``headers`` failing its checksum, or -1; checked
+    with numpy when they are many and ``vectorize``."""
+    if len(headers) < _NUMPY_MIN or not vectorize:
         candidates: list[int] = headers
     else:
         import numpy as np  # only shards of many small members pay for it

@@ -361,9 +361,13 @@ def iter_member_batches(
     while True:
         if reader.ahead > BLOCK:  # small members: parse what a large buffer holds
             buf, start = reader.buf, reader.pos
-            batch, headers, extended, reader.pos = fast_batch(buf, reader.pos)
+            # numpy after the first chunk: reading the first samples does not wait for it
+            vectorize = reader.off >= reader.chunk
+            batch, headers, extended, reader.pos = fast_batch(buf, reader.pos,
+                                                              vectorize=vectorize)
             if headers:
-                bad = first_bad_header(buf, headers + extended if extended else headers)
+                bad = first_bad_header(buf, headers + extended if extended else headers,
+                                       vectorize=vectorize)
                 if marks is not None:
                     marks[0] = (reader.off + start, reader.off, headers, compressed)
                 if bad >= 0:
