@@ -175,10 +175,12 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any]:
 def _per_scheme(options: Mapping[str, Any], schemes: Sequence[str]) -> dict[str, Any]:
     """``options`` per scheme: flat options (no key is a registered scheme) go to each of
     ``schemes``."""
+    if not options:
+        return {}
     from ..io import registry
 
     known = set(registry.registered_schemes())
-    if not options or any(key in known for key in options):
+    if any(key in known for key in options):
         return dict(options)
     return {scheme: dict(options) for scheme in schemes if scheme}
 
