@@ -55,8 +55,8 @@ def test_the_torch_layer_and_the_commands_import_without_torch() -> None:
     (tests/test_no_torch.py runs the datasets and commands with torch blocked)."""
     from wds_cloud.cli.main import COMMANDS
 
-    modules = ["wds_cloud.pytorch", "wds_cloud.dataset", "wds_cloud.specdataset",
-               "wds_cloud.compat", "wds_cloud.shardlists",
+    modules = ["wds_cloud.pytorch", "wds_cloud.torch_datasets", "wds_cloud.dataset",
+               "wds_cloud.specdataset", "wds_cloud.compat", "wds_cloud.shardlists",
                *(f"wds_cloud.cli.{c}" for c in COMMANDS)]
     code = (
         "import importlib, sys\n"

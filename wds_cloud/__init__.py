@@ -156,7 +156,7 @@ _MODULE_ALIASES: dict[str, str] = {
     "writer": "tar.writer",
 }
 #: the public classes that webdataset 1.0 makes ``torch.utils.data.IterableDataset``
-#: subclasses: looking one up calls :func:`wds_cloud.pytorch.register_torch_datasets` (which
+#: subclasses: looking one up calls :func:`wds_cloud.torch_datasets.register_torch_datasets` (which
 #: never imports torch), so a shard list alone is an IterableDataset once torch is imported
 _TORCH_DATASETS = frozenset({
     "DataPipeline", "DirectoryShardList", "ExactEpochShards", "FluidWrapper", "MockDataset",
@@ -178,7 +178,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(f".{module}", __name__), name)
         globals()[name] = value
         if name in _TORCH_DATASETS:
-            importlib.import_module(".pytorch", __name__).register_torch_datasets()
+            importlib.import_module(".torch_datasets", __name__).register_torch_datasets()
         return value
     if name in _MODULE_ALIASES or name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
