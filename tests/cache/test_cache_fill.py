@@ -1,8 +1,8 @@
-"""Regression tests for the shard cache's fill path (wds_cloud/cachefill.py), against nginx and
-the fault proxy: the downloading reader tees the store's stream into a :class:`Fill`, one
-writer thread per process writes and publishes, readers elsewhere follow the growing file, and
-a ``wds-cache-pump`` thread pulls the rest when followers wait on an idle reader or a reader
-closes within ``FINISH_TAIL`` of the end.
+"""Regression tests for the shard cache's fill path (wds_cloud/cache/fill.py), against nginx and
+the fault proxy: the downloading reader tees the store's stream into a :class:`Fill`, the
+thread that reads each piece writes it and publishes the entry after the last one, readers
+elsewhere follow the growing file, and a ``wds-cache-pump`` thread pulls the rest when followers
+wait on an idle reader or a reader closes within ``FINISH_TAIL`` of the end.
 
 1. a tar shard whose zero padding (after the end-of-archive blocks) comes late: the reader
    stops at the end-of-archive, the download still finishes, is published byte-exact, and a
@@ -15,7 +15,8 @@ closes within ``FINISH_TAIL`` of the end.
 4. follower liveness: a downloading process that stays idle with its stream open does not hold
    up another process reading the same shard: the pump finishes the one GET; and a reader
    closing far from the end while another process reads along does not drop the download;
-5. ``wait_downloads(0)`` is False while this process downloads, True once it is published.
+5. ``wait_downloads(0)`` is False while this process downloads, True once it is published;
+6. a piece is in the file when its reader gets it, and the read of the last byte publishes.
 
 The children are ``sys.executable`` running tests/cache/cacheprocs/child.py (driven line by line by
 tests/cache/cacheprocs/driver.py), or a few lines given with ``-c`` (run with a timeout); each is
@@ -474,3 +475,31 @@ def test_a_forked_child_does_not_keep_the_parents_download_locked(
     finally:
         release.set()
         child.join(WAIT)
+
+
+# -- 6. the reading thread writes --------------------------------------------------------------
+
+
+def test_a_piece_is_in_the_file_when_its_reader_gets_it(
+    nginx_server: NginxServer, tmp_path: Path,
+) -> None:
+    """The thread that reads a piece from the store writes it before handing it on: after
+    every read, the file under ``partial/`` already holds the bytes read so far (readers
+    along see them at once: there is no writer to wait for), and the read that gets the last
+    byte has published the entry, with no ``wait_downloads``."""
+    shard = put_shard(nginx_server, "inline/shard-000.tar", blob(4 * MiB + 1000, 8))
+    url, source, cache = shard.url, shard.source, tmp_path / "cache"
+    name = layout(cache).name_for(url)
+    with wds.gopen(url, cache_dir=str(cache)) as stream:
+        got = b""
+        while len(got) < len(source):
+            got += stream.read(MiB // 3)
+            if len(got) < len(source):
+                assert (cache / "partial" / name).read_bytes() == got
+        assert got == source
+        assert cache_files(cache) == [name]  # published by that last read
+        assert wait_downloads(0)
+        assert stream.read(MiB) == b""
+    assert entry_bytes(cache, url) == source
+    assert cache_files(cache, "partial") == []
+    assert cacheadmin.verify(ShardCache(cache), remove=False) == (1, [])

@@ -23,6 +23,10 @@ time with ``POST /__fault__/config``; decisions come from one ``random.Random(se
 ``only_paths``     regex (path and query): the faults above (not ``deny``) apply only to
                    matching requests
 ``only_methods``   list of methods the faults apply to (empty: all)
+``rate``           bytes per second for the response bodies of all connections together
+                   (a shaped link: one token bucket shared by every response, bursts of
+                   at most :data:`_BURST` bytes; 0, the default: no limit); not a fault,
+                   so ``only_paths`` and ``only_methods`` do not narrow it
 =================  ====================================================================
 
 Control: ``GET /__fault__/config``, ``POST /__fault__/config`` (JSON object, merged),
@@ -70,6 +74,7 @@ DEFAULTS: dict[str, Any] = {
     "deny": "",
     "only_paths": "",
     "only_methods": [],
+    "rate": 0,
     "seed": 0,
 }
 _HOP_BY_HOP = frozenset({
@@ -78,6 +83,7 @@ _HOP_BY_HOP = frozenset({
 })
 _CHUNK = 1 << 20
 _LOG_LIMIT = 100_000
+_BURST = 256 << 10  # a shaped link sends at most this much at once, in pieces of this size
 
 
 def check_config(changes: dict[str, Any]) -> dict[str, Any]:
@@ -171,6 +177,22 @@ def error_body(flavor: str, status: int, message: str) -> tuple[bytes, str, dict
     return message.encode(), "text/plain", {}
 
 
+class Link:
+    """A link of ``rate`` bytes per second shared by every response (a token bucket, kept as
+    the time at which the bytes already granted will have gone out): a sender waits until
+    its bytes fit, and senders are served in the order they asked."""
+
+    def __init__(self) -> None:
+        self._free_at = 0.0  # when the bytes granted so far are sent, at ``rate``
+
+    async def send(self, nbytes: int, rate: int) -> None:
+        now = asyncio.get_running_loop().time()
+        self._free_at = max(self._free_at, now) + nbytes / rate
+        ahead = self._free_at - now - _BURST / rate  # a burst may go out at once
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+
+
 class FaultProxyApp:
     """The proxy's state and handlers."""
 
@@ -181,6 +203,7 @@ class FaultProxyApp:
         self.config = dict(self.start_config)
         self.rng = random.Random(self.config["seed"])
         self.stats = Stats()
+        self.link = Link()
         self.session: ClientSession | None = None
 
     # -- control -------------------------------------------------------------------------------
@@ -205,6 +228,7 @@ class FaultProxyApp:
         self.config = dict(self.start_config)
         self.rng.seed(self.config["seed"])
         self.stats = Stats()
+        self.link = Link()
         return web.json_response(self.config)
 
     # -- forwarding ----------------------------------------------------------------------------
@@ -303,10 +327,17 @@ class FaultProxyApp:
         return {}
 
     async def _write(self, resp: web.StreamResponse, data: bytes, entry: dict[str, Any]) -> int:
-        if data:
-            await resp.write(data)
-            entry["bytes"] += len(data)
-            self.stats.bytes_sent += len(data)
+        """Send ``data`` (through the shaped link when ``rate`` is set)."""
+        rate = self.config["rate"]
+        step = _BURST if rate else max(1, len(data))
+        view = memoryview(data)  # pieces without copies (``data`` is bytes: immutable)
+        for at in range(0, len(view), step):
+            piece = view[at:at + step]
+            if rate:
+                await self.link.send(len(piece), rate)
+            await resp.write(piece)
+            entry["bytes"] += len(piece)
+            self.stats.bytes_sent += len(piece)
         return len(data)
 
     @staticmethod

@@ -1,6 +1,7 @@
-"""L1 the on-disk shard cache: the cache, filling while reading, the layout on disk, eviction and
-admin; and webdataset's ``webdataset.cache`` names on top of it (``FileCache``, ``LRUCleanup``,
-``cached_tarfile_to_samples``, ...: see :mod:`wds_cloud.cache.webdataset`).
+"""L1 the on-disk shard cache: the cache, filling while reading, following a fill, the layout on
+disk, eviction and admin; and webdataset's ``webdataset.cache`` names on top of it
+(``FileCache``, ``LRUCleanup``, ``cached_tarfile_to_samples``, ...: see
+:mod:`wds_cloud.cache.webdataset`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,8 @@ from .admin import (
     verify,
 )
 from .eviction import CacheLog, Room
-from .fill import (
-    FINISH_TAIL,
-    Fill,
-    FillGone,
-    GrowingFile,
-    TeeStream,
-    wait_fills,
-)
+from .fill import FINISH_TAIL, Fill, TeeStream, wait_fills
+from .follow import FillGone, GrowingFile
 from .layout import (
     DISK_BLOCK,
     CacheLayout,

@@ -8,10 +8,9 @@ kept), and a download whose process is gone is removed.
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass
 
-from .layout import check_record, footprint, unlink
+from .layout import check_record, crc32, footprint, unlink
 from .shardcache import CacheEntry, CacheUsage, ShardCache
 
 __all__ = ["Problem", "clear", "entries", "prune", "recover", "usage", "verify"]
@@ -83,11 +82,11 @@ def _problem(cache: ShardCache, entry: CacheEntry) -> str:
     problem = check_record(record, entry.size, cache.layout.key_of(entry.name))
     if problem or record is None:
         return problem
-    crc = 0
+    crc, checksum = 0, crc32()
     try:
         with open(entry.path, "rb") as f:
             while chunk := f.read(4 * 2**20):
-                crc = zlib.crc32(chunk, crc)
+                crc = checksum(chunk, crc)
     except FileNotFoundError:
         return ""
     if record.crc32 is not None and crc != record.crc32:

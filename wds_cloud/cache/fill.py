@@ -1,126 +1,109 @@
 """Filling a cache entry while it is read (see :mod:`wds_cloud.cache`).
 
 The process that downloads an entry reads the store's response through a :class:`TeeStream`:
-the reader gets each piece as it arrives, exactly as without a cache, and the piece is handed
-to the entry's :class:`Fill`; the process's one writer thread (``wds-cache-write``) writes it
-to the file under ``partial/`` and adds it to the CRC-32. When all ``size`` bytes are written
-the file goes to ``publish``; after an error, or when the reader closes with more than
-:data:`FINISH_TAIL` bytes still to come, to ``abandon``. Either way ``release`` is called last.
+the reader gets each piece as it arrives, exactly as without a cache, and the thread that read
+the piece writes it, from the very buffer the store filled, to the file under ``partial/``
+(``os.pwrite``, which releases the GIL) and adds it to the CRC-32 before handing it on: no copy,
+no queue and no hand-off to another thread. When all ``size`` bytes are written the same thread
+publishes the file (``publish``); after an error, or when the reader closes with more than
+:data:`FINISH_TAIL` bytes still to come, it is dropped (``abandon``). Either way ``release`` is
+called last. Memory is bounded by the reader's own buffer; a disk slower than the link slows
+the reader to the disk's pace, as a full backlog would.
 
-Every other reader, in this process or another, follows the file as it grows with a
-:class:`GrowingFile`, holding a shared ``flock`` on it so the entry is not evicted under it once
-published. If the downloading process dies or gives up, ``reattach(pos, version)`` finds the
-bytes from ``pos`` on elsewhere (the published entry, a new download, or the store).
+Every other reader, in this process or another, follows the file as it grows
+(:class:`~wds_cloud.cache.follow.GrowingFile`). One thread per process (``wds-cache-watch``)
+looks in on its fills while there are any: when a reader stays idle while others read along,
+it starts a pump (see :class:`TeeStream`).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 import time
-import zlib
-from collections import deque
 from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
 from ..errors import CacheError, TransferError, WdsCloudError
 from ..io.streams import SequentialStream
+from .layout import crc32
 
-__all__ = ["FINISH_TAIL", "Fill", "FillGone", "GrowingFile", "TeeStream", "wait_fills"]
+__all__ = ["FINISH_TAIL", "Fill", "TeeStream", "wait_fills"]
+
+log = logging.getLogger(__name__)
 
 FINISH_TAIL = 1 << 20  # a reader closing this close to the end lets the download finish
-_BACKLOG = 64 << 20  # bytes read, not yet written, in all fills, before readers wait for the disk
-_POLL_FIRST, _POLL_MAX = 0.002, 0.05
-_IDLE = 0.05  # seconds without a piece after which the writer checks for readers along
+_IDLE = 0.05  # seconds without a piece after which the watcher checks for readers along
 _SETTLE = 30.0  # seconds a reader at the end waits for the entry to be written and published
 
 
-class FillGone(Exception):
-    """The process filling an entry stopped before finishing it."""
-
-
-class _Writer:
-    """The one thread of a process (``wds-cache-write``) that writes its cache files, in the
-    order pieces were fed: one writer keeps the disk and the kernel's page allocator from
-    being contended by every download at once."""
+class _Watcher:
+    """The fills of one process, and its thread (``wds-cache-watch``) that calls the
+    ``on_idle`` of a fill fed nothing for :data:`_IDLE` seconds. It sleeps while there is no
+    fill; it never writes, so a busy disk or reader cannot hold it up."""
 
     def __init__(self) -> None:
-        self._items: deque[tuple[Fill, bytes | BaseException | None]] = deque()
-        self._backlog = 0
-        self._cond = threading.Condition()
         self.fills: set[Fill] = set()
-        threading.Thread(target=self._run, name="wds-cache-write", daemon=True).start()
+        self._cond = threading.Condition()
+        threading.Thread(target=self._run, name="wds-cache-watch", daemon=True).start()
 
-    def put(self, fill: Fill, item: bytes | BaseException | None) -> bool:
-        """Queue ``item`` of ``fill``. A piece waits while the pieces of all fills not yet
-        written add up to :data:`_BACKLOG` (memory stays bounded when the disk is slow); it is
-        refused (``False``) once ``fill`` has ended."""
-        with self._cond:
-            if isinstance(item, bytes):
-                self._cond.wait_for(lambda: self._backlog < _BACKLOG or fill.finished)
-                if fill.finished:
-                    return False
-                self._backlog += len(item)
-            self._items.append((fill, item))
-            self._cond.notify_all()
-            return True
-
-    def start(self, fill: Fill) -> None:
+    def add(self, fill: Fill) -> None:
         with self._cond:
             self.fills.add(fill)
-            self._cond.notify_all()  # from waiting for ever to checking on idle readers
+            self._cond.notify_all()
+
+    def discard(self, fill: Fill) -> None:
+        with self._cond:
+            self.fills.discard(fill)
 
     def _run(self) -> None:
-        checked = time.monotonic()
         while True:
             with self._cond:
-                if not self._items:  # no fill: sleep until one starts; else check on them
-                    self._cond.wait(_IDLE if self.fills else None)
-                fill, item = self._items.popleft() if self._items else (None, None)
-            if time.monotonic() - checked >= _IDLE:  # even while other fills keep it busy
-                self._idle()
-                checked = time.monotonic()
-            if fill is None:
-                continue
-            fill.handle(item)
-            with self._cond:
-                self._backlog -= len(item) if isinstance(item, bytes) else 0
-                self._cond.notify_all()
-
-    def _idle(self) -> None:
-        now = time.monotonic()
-        for fill in list(self.fills):
-            if now - fill.fed_at > _IDLE and fill.on_idle is not None:
-                fill.on_idle()
+                self._cond.wait_for(lambda: self.fills)
+                self._cond.wait(_IDLE)
+                fills = list(self.fills)
+            now = time.monotonic()
+            for fill in fills:
+                if now - fill.fed_at > _IDLE and fill.on_idle is not None:
+                    try:
+                        fill.on_idle()
+                    except Exception:  # a stream closing meanwhile: the next round sees it
+                        log.debug("checking on the fill of %s", fill.label, exc_info=True)
 
 
-_writers: dict[int, _Writer] = {}
-_writers_lock = threading.Lock()
+_watchers: dict[int, _Watcher] = {}
+_watchers_lock = threading.Lock()
 
 
 def wait_fills(timeout: float | None = None) -> bool:
     """Wait until this process's fills have ended (published or dropped); ``False`` if some
     were still running after ``timeout`` seconds."""
-    writer = _writers.get(os.getpid())
+    watcher = _watchers.get(os.getpid())
     deadline = None if timeout is None else time.monotonic() + timeout
-    for fill in list(writer.fills) if writer is not None else []:
+    for fill in list(watcher.fills) if watcher is not None else []:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         fill.wait_finished(left)
-    return writer is None or not writer.fills
+    return watcher is None or not watcher.fills
 
 
-def _writer() -> _Writer:
-    """This process's writer (per process id: a forked child starts its own)."""
+def _watcher() -> _Watcher:
+    """This process's watcher (per process id: a forked child starts its own)."""
     pid = os.getpid()
-    with _writers_lock:
-        if pid not in _writers:
-            _writers[pid] = _Writer()
-        return _writers[pid]
+    with _watchers_lock:
+        if pid not in _watchers:
+            _watchers[pid] = _Watcher()
+        return _watchers[pid]
 
 
 class Fill:
-    """Writes the ``size`` bytes of one entry to the descriptor ``fd`` as they are fed."""
+    """Writes the ``size`` bytes of one entry to the descriptor ``fd``, in the order given, in
+    the threads that give them; publishes or drops the entry at its end.
+
+    :meth:`write` and :meth:`end` may come from different threads (the reader, its pump, a
+    close): a lock keeps them in one order, and nothing is written once the fill has ended.
+    """
 
     def __init__(
         self, fd: int, size: int, *, label: str, publish: Callable[[Fill], None],
@@ -134,21 +117,67 @@ class Fill:
         self.finished = False
         self.on_idle: Callable[[], None] | None = None
         self.fed_at = time.monotonic()
-        self._cond = threading.Condition()
-        self._writer = _writer()
+        self._io = threading.Lock()  # one write or end at a time
+        self._cond = threading.Condition()  # ``written`` and ``finished`` changed
+        self._watcher = _watcher()
+        self._checksum = crc32()
 
     def start(self) -> None:
-        self._writer.start(self)
+        self._watcher.add(self)
 
-    def feed(self, piece: bytes) -> bool:
-        """Queue ``piece`` for writing (waiting while the disk is far behind); ``False`` once
-        writing has failed (a full disk): the entry is dropped, the reader goes on."""
+    def write(self, piece: memoryview) -> bool:
+        """Append ``piece`` to the file and the CRC-32, in this thread (no copy is kept: the
+        caller may reuse its buffer on return). ``False`` once the fill has ended, or when
+        this write failed (a full disk): the entry is then dropped and the reader goes on."""
         self.fed_at = time.monotonic()
-        return self._writer.put(self, piece)
+        with self._io:
+            if self.finished:
+                return False
+            try:
+                done = 0
+                while done < len(piece):
+                    done += os.pwrite(self.fd, piece[done:], self.written + done)
+            except OSError as exc:
+                self._end(exc)
+                return False
+            self.crc32 = self._checksum(piece, self.crc32)
+            with self._cond:
+                self.written += len(piece)
+                self._cond.notify_all()
+        return True
 
     def end(self, failure: BaseException | None = None) -> None:
-        """No more pieces: publish once written, or give up because of ``failure``."""
-        self._writer.put(self, failure)
+        """No more pieces: publish the entry if all ``size`` bytes are written, else (or
+        because of ``failure``) drop it. Only the first call counts."""
+        with self._io:
+            if not self.finished:
+                self._end(failure)
+
+    def _end(self, failure: BaseException | None) -> None:
+        """Publish or drop (``_io`` held); whatever happens, the file is closed, the lock
+        released and waiters told. A failure to publish drops the entry and is told to the
+        readers along; the reader that got here has its bytes and goes on."""
+        try:
+            if failure is None and self.written != self.size:
+                failure = TransferError(f"{self.label} ended at byte {self.written} of "
+                                        f"{self.size}; nothing was cached", url=self.label,
+                                        offset=self.written)
+            if failure is None:
+                try:
+                    self._publish(self)
+                except Exception as exc:
+                    failure = exc
+            if failure is not None:
+                with self._cond:
+                    self.error = _as_cache_error(failure, self.label)
+                self._abandon(self, failure)
+        finally:
+            self._watcher.discard(self)
+            os.close(self.fd)
+            self._release()
+            with self._cond:
+                self.finished = True
+                self._cond.notify_all()
 
     def wait_finished(self, timeout: float | None) -> None:
         with self._cond:
@@ -164,51 +193,18 @@ class Fill:
             raise self.error or CacheError(
                 f"the cache entry of {self.label} was dropped at byte {self.written}")
 
-    def handle(self, item: bytes | BaseException | None) -> None:
-        """In the writer: write a piece, or finish on the end marker (``None``: publish)."""
-        if self.finished:
-            return
-        try:
-            if isinstance(item, bytes):
-                self._write(item)
-                return
-            if item is not None:
-                raise item
-            if self.written != self.size:
-                raise TransferError(f"{self.label} ended at byte {self.written} of {self.size}"
-                                    "; nothing was cached", url=self.label, offset=self.written)
-            self._publish(self)
-        except BaseException as exc:  # handed to the reader, never lost
-            with self._cond:
-                self.error = _as_cache_error(exc, self.label)
-            self._abandon(self, exc)
-        self._writer.fills.discard(self)
-        os.close(self.fd)
-        self._release()
-        with self._cond:
-            self.finished = True
-            self._cond.notify_all()
-
-    def _write(self, piece: bytes) -> None:
-        with memoryview(piece) as view:
-            done = 0
-            while done < len(view):
-                done += os.write(self.fd, view[done:])
-        self.crc32 = zlib.crc32(piece, self.crc32)
-        with self._cond:
-            self.written += len(piece)
-            self._cond.notify_all()
-
 
 class _Cancelled(Exception):
     """The reader closed far from the end: the download is dropped."""
 
 
 def _as_cache_error(exc: BaseException, label: str) -> BaseException | None:
-    """What readers are told: the store's errors as they are, a local write error (a full disk)
-    as :class:`CacheError`; nothing for a cancelled fill."""
+    """What readers along are told: the store's errors as they are, a local write error (a full
+    disk) or an interruption as :class:`CacheError`; nothing for a cancelled fill."""
     if isinstance(exc, _Cancelled):
         return None
+    if not isinstance(exc, Exception):  # KeyboardInterrupt in the reading thread: its own
+        return CacheError(f"the download of {label} into the cache was interrupted")
     if isinstance(exc, OSError) and not isinstance(exc, WdsCloudError):
         error = CacheError(f"cannot write the cache entry of {label}: {exc}")
         error.__cause__ = exc
@@ -217,8 +213,9 @@ def _as_cache_error(exc: BaseException, label: str) -> BaseException | None:
 
 
 class TeeStream(SequentialStream):
-    """The store's stream ``remote`` read by the downloading process, every piece also fed to
-    ``fill``; starts at byte ``pos`` (the bytes before it are still fed).
+    """The store's stream ``remote`` read by the downloading process, every piece also written
+    to ``fill`` by the thread that read it; starts at byte ``pos`` (the bytes before it are
+    still written).
 
     The reader pulls from the store itself, so the download goes at its pace, as without a
     cache. When readers in other processes wait on the file (they hold shared locks on it,
@@ -274,14 +271,14 @@ class TeeStream(SequentialStream):
         return n
 
     def _pull(self, view: memoryview) -> int:
-        """The next piece from the store into ``view``, fed to the fill (lock held)."""
+        """The next piece from the store into ``view``, written to the fill (lock held)."""
         try:
             n = self._readinto(view[: self._fill.size - self._fed])
             if not n:
                 raise TransferError(f"{self._fill.label} ended at byte {self._fed} of "
                                     f"{self._fill.size}", url=self._fill.label, offset=self._fed)
-            if self._feeding:
-                self._feeding = self._fill.feed(bytes(view[:n]))
+            if self._feeding:  # written before the caller sees it: its buffer, not a copy
+                self._feeding = self._fill.write(view[:n])
         except BaseException as exc:
             self._end(exc)
             raise
@@ -303,8 +300,9 @@ class TeeStream(SequentialStream):
             self._fill.end(failure)
 
     def _finish(self) -> None:
-        """All bytes read: wait for them to be written and the entry published (a script
-        that exits right after reading would otherwise kill the writer first)."""
+        """All bytes read: wait for the entry to be published (by this thread as a rule; by
+        the pump when it pulled the last piece, which a script exiting right after reading
+        would otherwise kill first)."""
         self._end(None)
         self._fill.wait_finished(_SETTLE)
 
@@ -321,7 +319,7 @@ class TeeStream(SequentialStream):
             return False
 
     def _on_idle(self) -> None:
-        """Called by the writer thread, which must never wait: a reader holding the lock is
+        """Called by the watcher thread, which must never wait: a reader holding the lock is
         pulling, so no pump is needed."""
         if not self._done and not self._pumping and self._feeding and self._followed():
             self._start_pump(wait=False)
@@ -376,71 +374,3 @@ class TeeStream(SequentialStream):
             self._remote.close()
         if self._delegate is not None:
             self._delegate.close()
-
-
-class GrowingFile(SequentialStream):
-    """A read stream over an entry another reader is downloading (in this process or another).
-
-    ``probe(fd)`` is called when the file makes no progress: it returns while the download is
-    alive or done and raises :class:`FillGone` when it is not.
-    """
-
-    def __init__(
-        self, fd: int, *, size: int, version: str | None, pos: int,
-        probe: Callable[[int], None], reattach: Callable[[int, str | None], BinaryIO],
-    ) -> None:
-        super().__init__()
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        self._fd, self._size, self._version, self._pos = fd, size, version, pos
-        self._stop = size
-        self._probe, self._reattach = probe, reattach
-        self._delegate: BinaryIO | None = None
-        self._io = threading.Lock()
-        self._delay = _POLL_FIRST
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        while True:
-            if self._delegate is not None:
-                n = self._delegate.readinto(view)  # type: ignore[attr-defined]
-                self._pos += n or 0
-                return n or 0
-            if self.closed:
-                raise ValueError("I/O operation on closed cache stream")
-            if self._pos >= self._stop or not len(view):
-                return 0
-            with self._io:  # close() from another thread must not free the fd mid-read
-                if self._fd < 0:
-                    continue
-                have = os.fstat(self._fd).st_size
-                n = os.preadv(self._fd, [view[: have - self._pos]], self._pos) \
-                    if have > self._pos else 0
-            if n:
-                self._pos += n
-                self._delay = _POLL_FIRST
-                return n
-            self._wait()
-
-    def _wait(self) -> None:
-        time.sleep(self._delay)
-        self._delay = min(2 * self._delay, _POLL_MAX)
-        if os.fstat(self._fd).st_size > self._pos:
-            return
-        try:
-            self._probe(self._fd)
-        except FillGone:
-            self._delegate = self._reattach(self._pos, self._version)
-            self._close_fd()
-
-    def _close_fd(self) -> None:
-        with self._io:
-            fd, self._fd = self._fd, -1
-            if fd >= 0:
-                os.close(fd)
-
-    def close(self) -> None:
-        if not self.closed:
-            self._close_fd()
-            if self._delegate is not None:
-                self._delegate.close()
-        super().close()

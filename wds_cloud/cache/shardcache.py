@@ -7,7 +7,7 @@ opener). Opening a URL through it:
   set (LRU), and it is read like any local file;
 * **miss**: the process that gets the entry's lock makes the one request, reserves room (evicting
   least-recently-used entries not in use) and reads the response as it arrives, each piece also
-  written to ``partial/<name>`` by the process's writer thread (:mod:`wds_cloud.cache.fill`);
+  written to ``partial/<name>`` by the thread that read it (:mod:`wds_cloud.cache.fill`);
   readers in every other process read that file as it grows. When all bytes are there the
   validation record is written and the file is renamed into ``data/`` (``os.replace``);
 * **no room** (the shard is larger than the whole cache, or the entries that would have to go
@@ -45,7 +45,8 @@ from ..errors import TransferError
 from ..settings import Settings, expand_path, human_size
 from ..urls import redact, split_scheme
 from .eviction import CacheLog, Room
-from .fill import Fill, FillGone, GrowingFile, TeeStream, wait_fills
+from .fill import Fill, TeeStream, wait_fills
+from .follow import FillGone, GrowingFile
 from .layout import (
     CacheLayout,
     Record,
@@ -330,7 +331,7 @@ class ShardCache:
             raise
 
     def _publish(self, name: str, record: Record, fill: Fill) -> None:
-        """Called by the fill thread with all bytes written: record, then rename into place."""
+        """Called by the thread that wrote the last byte: record, then rename into place."""
         done = Record(url=record.url, key=record.key, size=record.size, version=record.version,
                       crc32=fill.crc32)
         unlink(self.layout.data(name))

@@ -50,7 +50,8 @@ from ..errors import CacheError, ShardFormatError
 from ..handlers import Handler, reraise_exception
 from ..settings import Settings, expand_path, parse_size
 from ..urls import redact
-from .fill import GrowingFile, TeeStream
+from .fill import TeeStream
+from .follow import GrowingFile
 from .shardcache import ShardCache
 
 if TYPE_CHECKING:
