@@ -8,24 +8,36 @@ nginx serves N tar shards (full: 32 × 16 MiB; ``--quick``: 8 × 4 MiB) of 1 MiB
 epoch reads every sample with ``wds.WebDataset(urls, shardshuffle=False)`` (read-ahead at its
 default) and counts the bytes:
 
-(a) uncached streaming over HTTP from nginx;
+(a) uncached streaming over HTTP from nginx (loopback: the CPU, not the link, is the limit);
 (b) the first epoch through an empty cache (``cache_dir=`` a fresh directory for every run);
 (c) a warm epoch through a cache that holds every shard (all hits);
-(d) the same files read from local disk (nginx's root).
+(d) the same files read from local disk (nginx's root);
+(w) no reading at all: the same number of bytes written to new files in the caches' directory,
+    1 MiB ``os.pwrite`` at a time, in one thread: what writing every byte costs here, the part
+    of (b) that no design of the cache can avoid;
+(as), (bs): (a) and (b) through a link shaped to 1 Gbit/s (125 MB/s) shared by all
+    connections: the tests' fault proxy (tests/stores/faultproxy.py, ``rate``) in front of
+    nginx, as a desktop user's download would be.
 
-Printed: (b)/(a), the first epoch through the cache against uncached streaming (target ≥ 0.9×),
-and (c)/(d), a warm epoch against local disk (target ≥ 0.9×), each the median of several
-interleaved repetitions (a, b, c, d, a, b, ...), so that drift in the machine's speed hits all
-alike. The page cache cannot be dropped here: the shards served by nginx (a, b, d) and the
-cached copies (c) are in the page cache, so (c) and (d) compare the same kind of read. An epoch
-is timed until its last sample; in (b) the last downloads may still be publishing their entry
-then, which the benchmark waits for, untimed, before the next run. Also printed: the CPU
-seconds this process spent per GB in each mode (all threads, (b)'s downloads included), which
-says what the cache costs when the CPU, not the network, is the limit (as on loopback).
+Printed, each the median of several interleaved repetitions (a, b, c, d, w, as, bs, a, ...),
+so that drift in the machine's speed hits all alike, with its target: (b)/(a), the first epoch
+through the cache against uncached streaming (≥ 0.9×); (c)/(d), a warm epoch against local
+disk (≥ 0.9×); (bs)/(as), the first epoch on the shaped link (≥ 0.97×); and the CPU seconds per
+GB of this process (all threads, (b)'s writes included) in (b) against (a) (≤ 1.3×), beside
+(a)+(w): reading and writing the same bytes apart, about the least a cache that writes every
+byte can take here.
+
+The page cache cannot be dropped here: the shards served by nginx (a, b, d) and the cached
+copies (c) are in the page cache, so (c) and (d) compare the same kind of read. Writing new
+files takes pages the kernel has to find: on a virtual machine whose free memory goes back to
+its host, that costs far more (the first touch of each page) than on a server, which (w) shows.
+An epoch is timed until its last sample; the cache's downloads of the epoch are waited for,
+untimed, before the next run (they are done by then: the reading threads write them).
 
 ``--profile`` runs one more (b) epoch under cProfile and prints where the consuming thread
 spends its time, its CPU time against the whole process's (the rest is background threads:
-the cache's downloads, read-ahead, fsspec's I/O loop), and when the last entry was published.
+read-ahead, which also writes what it pre-reads, and fsspec's I/O loop), and when the last
+entry was published.
 
 It is a report, not a test: it always exits 0.
 """
@@ -51,12 +63,15 @@ os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # nothing may leave 
 os.environ.setdefault("NO_GCE_CHECK", "true")
 
 from stores.nginx import NginxServer
+from stores.proxy import FaultProxy
 
 import wds_cloud as wds
 from wds_cloud.cache import wait_downloads
 
 MB = 10**6
 MEMBER = 2**20
+LINK = 125 * MB  # bytes per second: 1 Gbit/s, shared by all connections through the proxy
+MODES = ("a", "b", "c", "d", "w", "as", "bs")  # the order of each interleaved repetition
 
 
 def make_shards(root: Path, count: int, size: int) -> list[str]:
@@ -79,6 +94,21 @@ def epoch(urls: list[str], cache_dir: str | None = None) -> int:
     """Read every sample; the payload bytes."""
     dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False, cache_dir=cache_dir)
     return sum(len(sample["bin"]) for sample in dataset)
+
+
+def write_files(where: Path, count: int, size: int) -> int:
+    """Write ``count`` new files of ``size`` bytes under ``where`` as a fill does (1 MiB
+    ``os.pwrite`` at a time, in this thread); the bytes written."""
+    where.mkdir()
+    piece = memoryview(os.urandom(MEMBER))
+    for i in range(count):
+        fd = os.open(where / f"w-{i:04d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            for at in range(0, size, MEMBER):
+                os.pwrite(fd, piece[: size - at], at)
+        finally:
+            os.close(fd)
+    return count * size
 
 
 def fills_done(timeout: float = 120.0) -> None:
@@ -148,45 +178,67 @@ def run(root: Path, count: int, size: int, repeats: int, profile: bool) -> None:
     total = count * (size // MEMBER) * MEMBER
     scratch = root / "caches"
     scratch.mkdir()
-    with NginxServer(served) as nginx:
+    with NginxServer(served) as nginx, FaultProxy(nginx.url, rate=LINK) as proxy:
         remote = [nginx.url_for(name) for name in names]
+        shaped = [f"{proxy.url}/{name}" for name in names]
         local = [str(served / name) for name in names]
         warm = str(scratch / "warm")
         epoch(remote, warm)  # fills the warm cache (and puts every file in the page cache)
         fills_done()
         epoch(local)
-        times: dict[str, list[float]] = {"a": [], "b": [], "c": [], "d": []}
-        cpu: dict[str, list[float]] = {"a": [], "b": [], "c": [], "d": []}
-        for r in range(repeats):
-            times["a"].append(timed(lambda: epoch(remote), total, cpu["a"]))
-            fresh = str(scratch / f"first-{r}")
-            times["b"].append(timed(lambda: epoch(remote, fresh), total,  # noqa: B023
-                                    cpu["b"]))
-            shutil.rmtree(fresh)
-            times["c"].append(timed(lambda: epoch(remote, warm), total, cpu["c"]))
-            times["d"].append(timed(lambda: epoch(local), total, cpu["d"]))
-        requests = sum(1 for e in nginx.access_log()
-                       if e.method == "GET" and "/cache-bench-" in e.uri)
-        expected = count * (1 + 2 * repeats)  # the warm fill, and each (a) and (b) run
-        gets = (f"nginx served {requests} shard GETs, one per shard for the warm fill and each "
-                "(a) and (b) run: the warm epochs made none" if requests == expected else
-                f"nginx served {requests} shard GETs, {expected} expected")
-        label = f"{count} shards of {size / 2**20:g} MiB from nginx"
-        print(f"{label}, {repeats} interleaved repetitions; (a) uncached streaming "
-              f"{total / statistics.median(times['a']) / MB:,.0f} MB/s, (d) local disk "
-              f"{total / statistics.median(times['d']) / MB:,.0f} MB/s (files in page cache); "
-              f"{gets}", flush=True)
-        report("(b)/(a) first epoch through the cache vs uncached streaming", times["b"],
-               times["a"], total, "uncached", 0.9)
-        report("(c)/(d) warm epoch (all hits) vs local disk, both in page cache", times["c"],
-               times["d"], total, "local disk", 0.9)
-        gb = total / 1e9
-        print("CPU seconds of this process per GB read (median [runs]; all threads, the "
-              "cache's downloads included): " + ", ".join(
-                  f"({k}) {statistics.median(v) / gb:.2f} [{'/'.join(f'{c / gb:.2f}' for c in v)}]"
-                  for k, v in cpu.items()), flush=True)
+        epoch(shaped)  # the proxy's connections to nginx are open
+        fresh = iter(str(scratch / f"fresh-{i}") for i in range(3 * repeats))
+        runs: dict[str, Callable[[], int]] = {
+            "a": lambda: epoch(remote), "b": lambda: epoch(remote, next(fresh)),
+            "c": lambda: epoch(remote, warm), "d": lambda: epoch(local),
+            "w": lambda: write_files(Path(next(fresh)), count, size),
+            "as": lambda: epoch(shaped), "bs": lambda: epoch(shaped, next(fresh)),
+        }
+        times: dict[str, list[float]] = {mode: [] for mode in MODES}
+        cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for _ in range(repeats):
+            for mode in MODES:
+                times[mode].append(timed(runs[mode], total, cpu[mode]))
+                for made in scratch.glob("fresh-*"):
+                    shutil.rmtree(made)
+        print_results(nginx, count, size, repeats, times, cpu, total)
         if profile:
             profile_first_epoch(remote, scratch, total)
+
+
+def print_results(nginx: NginxServer, count: int, size: int, repeats: int,
+                  times: dict[str, list[float]], cpu: dict[str, list[float]],
+                  total: int) -> None:
+    requests = sum(1 for e in nginx.access_log() if e.method == "GET" and "/cache-bench-" in e.uri)
+    expected = count * (2 + 4 * repeats)  # warm fill, shaped warm-up; each (a), (b), (as), (bs)
+    gets = (f"nginx served {requests} shard GETs, one per shard for the warm fill, the shaped "
+            "warm-up and each (a), (b), (as) and (bs) run: the warm epochs made none"
+            if requests == expected else f"nginx served {requests} shard GETs, {expected} "
+            "expected")
+    rate = {mode: total / statistics.median(t) / MB for mode, t in times.items()}
+    print(f"{count} shards of {size / 2**20:g} MiB from nginx, {repeats} interleaved "
+          f"repetitions; (a) uncached streaming {rate['a']:,.0f} MB/s, (d) local disk "
+          f"{rate['d']:,.0f} MB/s (files in page cache), (w) writing as many bytes to new files "
+          f"{rate['w']:,.0f} MB/s, (as) uncached on the shaped link {rate['as']:,.0f} MB/s "
+          f"(link {LINK / MB:,.0f} MB/s); {gets}", flush=True)
+    report("(b)/(a) first epoch through the cache vs uncached streaming", times["b"],
+           times["a"], total, "uncached", 0.9)
+    report("(c)/(d) warm epoch (all hits) vs local disk, both in page cache", times["c"],
+           times["d"], total, "local disk", 0.9)
+    report("(bs)/(as) first epoch through the cache vs uncached, on a shaped 1 Gbit/s link",
+           times["bs"], times["as"], total, "uncached", 0.97)
+    gb = total / 1e9
+    per_gb = {mode: statistics.median(v) / gb for mode, v in cpu.items()}
+    floor = per_gb["a"] + per_gb["w"]
+    print(f"(b)/(a) CPU seconds per GB, the first epoch through the cache vs uncached: "
+          f"{per_gb['b']:.2f} vs {per_gb['a']:.2f}, ratio {per_gb['b'] / per_gb['a']:.2f}× "
+          f"(target ≤ 1.3×; median of {repeats}); writing alone (w) takes {per_gb['w']:.2f} "
+          f"s/GB here, so reading and writing apart, (a)+(w), take {floor:.2f} s/GB, "
+          f"{floor / per_gb['a']:.2f}× (how warm the pages a write gets are varies)", flush=True)
+    print("CPU seconds of this process per GB (median [runs]; all threads, the cache's "
+          "writes included): " + ", ".join(
+              f"({k}) {per_gb[k]:.2f} [{'/'.join(f'{c / gb:.2f}' for c in v)}]"
+              for k, v in cpu.items()), flush=True)
 
 
 def main() -> int:
