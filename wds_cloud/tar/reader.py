@@ -86,7 +86,6 @@ class _Reader:
     def __init__(self, read: Callable[[int], bytes], head: bytes, url: str, chunk: int) -> None:
         self.read, self.buf, self.url, self.chunk = read, head, url, chunk
         self.ahead = chunk
-        self.sound = -1  # offset of the last header whose checksum was found sound ahead
         self.pos = 0  # position in buf
         self.off = 0  # stream offset of buf[0]; always a multiple of BLOCK
 
@@ -263,18 +262,23 @@ class _Reader:
 Following = list[tuple[str, int] | None]
 
 
-def _next_plain(reader: _Reader, compressed: bool) -> tuple[str, int] | None:
-    """See :data:`Following`."""
+def _plain_header(reader: _Reader) -> tuple[str, int, int] | None:
+    """``(name, size, offset)`` of the header at the reader's position when it is the last
+    thing buffered (no byte of its data is) and a plain one with a sound checksum; else None.
+    Consumes nothing."""
     buf, pos = reader.buf, reader.pos
-    if len(buf) - pos < BLOCK or buf[pos + 156] != 48 or buf[pos + 135] or buf[pos + 345]:
+    if len(buf) != pos + BLOCK or buf[pos + 156] != 48 or buf[pos + 135] or buf[pos + 345]:
         return None
     header = buf[pos:pos + BLOCK]
+    try:
+        size = int(header[124:135], 8)
+    except ValueError:
+        return None
     if not checksum_ok(header):
         return None
-    reader.sound = reader.off + pos
     nul = header.find(0, 0, 100)
-    name = header[:nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
-    return name, -1 if compressed else reader.off + pos
+    return (header[:nul if nul >= 0 else 100].decode("utf-8", "surrogateescape"), size,
+            reader.off + pos)
 
 
 def _large_members(reader: _Reader, marks: list[Marks] | None, compressed: bool,
@@ -284,26 +288,11 @@ def _large_members(reader: _Reader, marks: list[Marks] | None, compressed: bool,
     in one more read. Returns, having consumed nothing of it, at a member that is anything
     else (small, extended, unusual, partly buffered), which the general path then reads."""
     read = reader.read
-    while True:
-        buf, pos = reader.buf, reader.pos
-        if pos == len(buf):  # after a member read by the general path: read just the header
-            reader.off, reader.pos = reader.off + pos, 0
-            reader.buf = buf = read(BLOCK)
-            pos = 0
-        data_at = pos + BLOCK
-        if len(buf) != data_at or buf[pos + 156] != 48 or buf[pos + 135] or buf[pos + 345]:
-            return
-        header = buf[pos:data_at]
-        try:
-            size = int(header[124:135], 8)
-        except ValueError:
-            return
-        at = reader.off + pos
-        if not DIRECT_MIN <= size <= _READ_PIECE or (at != reader.sound
-                                                      and not checksum_ok(header)):
-            return
-        nul = header.find(0, 0, 100)
-        name = header[:nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
+    if reader.pos == len(reader.buf):  # after a member read by the general path
+        reader.off, reader.buf, reader.pos = reader.off + reader.pos, read(BLOCK), 0
+    head = _plain_header(reader)
+    while head is not None and DIRECT_MIN <= head[1] <= _READ_PIECE:
+        name, size, at = head
         reader.off, reader.buf, reader.pos = at + BLOCK, b"", 0
         data = read(size)
         if len(data) != size:  # a short read: the general way, which also reports truncation
@@ -312,15 +301,16 @@ def _large_members(reader: _Reader, marks: list[Marks] | None, compressed: bool,
         else:
             reader.off += size
         pad = -size & (BLOCK - 1)
-        reader.buf = tail = read(pad + BLOCK)
+        reader.buf = tail = read(pad + BLOCK)  # the padding and the next header
         if len(tail) >= pad:
             reader.pos = pad
         else:
             reader.skip(pad, name, at)
+        head = _plain_header(reader)
         if marks is not None:
             marks[0] = (at, 0, [], compressed)
         if following is not None:
-            following[0] = _next_plain(reader, compressed)
+            following[0] = head and (head[0], -1 if compressed else head[2])
         yield [(name, data)]
 
 
