@@ -563,13 +563,12 @@ def _shard_samples(
             current[suffix] = data
         if not outcome.go_on:
             break
-        if following[0] is not None and valid_sample(current):
-            name, at = following[0]
-            if _key(name) not in (key, None):  # the next member starts another sample
+        if following[0] is not None and current and _key(following[0][0]) not in (key, None):
+            if valid_sample(current):  # the next member starts another sample: hand it on now
                 if cursor is not None:
-                    cursor.boundary_at(at)
+                    cursor.boundary_at(following[0][1])
                 yield current
-                current, key = {}, None
+            current, key = {}, None
     # A sample still open when damage cut the shard short may lack members that were lost:
     # unlike webdataset, it is dropped rather than passed on as if complete, unless the damage
     # is in a member of the next sample.
