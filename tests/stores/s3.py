@@ -39,7 +39,8 @@ class S3Server(FsspecServer):
         return self.workdir
 
     def _launch(self, workdir: Path) -> tuple[LocalS3Server, int]:
-        server = LocalS3Server(workdir, key=self.key, secret=self.secret,
+        # CRC32 ETags: rclone's default MD5 would hash each whole object before every answer
+        server = LocalS3Server(workdir, key=self.key, secret=self.secret, etag_hash="crc32",
                                startup_timeout=self.startup_timeout)
         try:
             server.start()
