@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -44,6 +46,10 @@ class _Body:
         buffer[:n] = self.data[self.pos:self.pos + n]
         self.pos += n
         return n
+
+    def read(self, size: int) -> bytes:
+        buffer = bytearray(size)
+        return bytes(buffer[:self.readinto(memoryview(buffer))])
 
     def close(self) -> None:
         pass
@@ -120,6 +126,50 @@ def test_a_changed_object_is_never_mixed_in() -> None:
     with pytest.raises(TransferError, match="changed") as info:
         stream.read()
     assert info.value.offset == 50000
+
+
+class _HangingBody:
+    """A body whose read waits until it is closed, then ends short (as a shut-down socket
+    does); closing it takes a while, as closing a connection may."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def read(self, size: int) -> bytes:
+        self.closed.wait(10)
+        return b""
+
+    def readinto(self, buffer: memoryview) -> int:
+        return len(self.read(len(buffer)))
+
+    def close(self) -> None:
+        self.closed.set()
+        time.sleep(0.2)
+
+
+def test_closing_from_another_thread_ends_a_read_without_resuming() -> None:
+    fetches: list[int] = []
+
+    class Source:
+        def fetch(self, offset: int, version: str | None) -> tuple[_HangingBody, ObjectMeta]:
+            fetches.append(offset)
+            return _HangingBody(), ObjectMeta(size=len(DATA), version="v1")
+
+    stream = ResumableStream(Source(), url="s3://b/k", policy=FAST)
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            stream.read(100)
+        except ValueError as exc:
+            raised.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.1)
+    stream.close()
+    reader.join(10)
+    assert not reader.is_alive() and fetches == [0] and len(raised) == 1
 
 
 def test_retries_are_logged_without_secrets(caplog: pytest.LogCaptureFixture) -> None:

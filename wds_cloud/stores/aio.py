@@ -126,26 +126,39 @@ class AsyncBody:
         self._finished = False
         self._closed = False
 
-    async def _fill(self, view: memoryview) -> int:
-        filled, size = 0, len(view)
+    async def _take(self, size: int) -> list[bytes]:
+        """The next ``size`` bytes of the body as the chunks they came in (fewer at its end,
+        or before a failure: the next call meets the failure again). The chunks are handed
+        over as they are, so that copying them happens on the caller's thread, not here: this
+        loop is the one thread every stream of the process shares."""
+        parts: list[bytes] = []
         try:
-            while filled < size:
-                chunk = await self._read_chunk(size - filled)
+            while size > 0:
+                chunk = await self._read_chunk(size)
                 if not chunk:
                     self._finished = True
                     break
-                view[filled:filled + len(chunk)] = chunk
-                filled += len(chunk)
+                parts.append(chunk)
+                size -= len(chunk)
         except self._errors as exc:
-            if filled:  # deliver what arrived; the next call meets the failure again
-                return filled
-            raise RetryableError(f"connection failed while reading: {reason(exc)}") from exc
-        return filled
+            if not parts:
+                raise RetryableError(f"connection failed while reading: {reason(exc)}") from exc
+        return parts
+
+    def read(self, size: int) -> bytes:
+        if self._finished:
+            return b""
+        parts = run(self._loop, self._take, size)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def readinto(self, buffer: memoryview) -> int:
         if self._finished:
             return 0
-        return int(run(self._loop, self._fill, buffer))
+        filled = 0
+        for part in run(self._loop, self._take, len(buffer)):
+            buffer[filled:filled + len(part)] = part
+            filled += len(part)
+        return filled
 
     def close(self) -> None:
         if self._closed:

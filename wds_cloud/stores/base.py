@@ -6,9 +6,10 @@ stores are :mod:`wds_cloud.stores.s3`, :mod:`wds_cloud.stores.gcs` and
 :mod:`wds_cloud.stores.azure`.
 
 **Reads** are one streaming GET per shard on that filesystem's own async client (not fsspec's
-buffered files, which make a request per block), behind a :class:`LoopSource`.
-:class:`~wds_cloud.stores.streams.ResumableStream` retries and resumes at the byte where a
-connection dropped, pinned to the version seen at open.
+buffered files, which make a request per block), behind a :class:`LoopSource`; for ``s3://``
+the client builds and signs the GET and the reading thread sends it
+(:mod:`wds_cloud.stores.s3`). :class:`~wds_cloud.stores.streams.ResumableStream` retries and
+resumes at the byte where a connection dropped, pinned to the version seen at open.
 
 **Writes** are spooled by :class:`~wds_cloud.stores.streams.AtomicUpload` and sent when the
 shard is complete: one PUT up to two parts of 16 MiB, else the store's multipart upload
@@ -42,7 +43,7 @@ from ..settings import Settings
 from ..urls import redact, split_scheme
 from .aio import AsyncBody, guard_forks, run
 from .retry import RetryPolicy, status_error
-from .streams import AtomicUpload, ObjectMeta, ResumableStream, opener_options
+from .streams import AtomicUpload, Body, ObjectMeta, ResumableStream, opener_options
 
 __all__ = ["CloudOpener", "Fetched", "LoopSource", "Request", "header_meta", "library_error",
            "object_size", "parameters", "range_ignored", "releaser", "send_parts",
@@ -152,7 +153,7 @@ class LoopSource:
         self._fs = fs
         self._url = url
 
-    def fetch(self, offset: int, version: str | None) -> Fetched:
+    def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
         return cast(Fetched, run(self._fs.loop, self._get, offset, version))
 
     async def _get(self, offset: int, version: str | None) -> Fetched:

@@ -2,8 +2,23 @@
 
 **Reads** are one streaming ``get_object`` per shard, resumed at the byte where a connection
 dropped and pinned to the ETag seen at open by ``If-Match`` (and to the version id when the
-bucket keeps versions). botocore's own retries are off so that ours count: it gets
-``total_max_attempts=1`` unless ``config_kwargs`` sets ``retries``.
+bucket keeps versions). s3fs's client builds and signs each GET, with everything it knows
+(endpoint, addressing, region, credentials, requester-pays and SSE-C headers); the thread that
+reads the stream then sends it and receives the body itself (:mod:`~wds_cloud.stores.direct`),
+straight into the reader's buffer, as ``curl`` does. Through aiobotocore every byte would
+first cross fsspec's event loop thread, which costs about twice the CPU per GB and is one
+thread for all the streams of a process. Where that path does not apply (a proxy, a client
+certificate, botocore asked to check checksums) and for the answers botocore knows how to
+follow (redirects, a 400 such as a wrong region), aiobotocore sends the GET as usual.
+
+botocore's own retries are off so that ours count: it gets ``total_max_attempts=1`` unless
+``config_kwargs`` sets ``retries``. botocore (1.36 and later) also checks the checksum an
+object was written with as it is read, unless ``config_kwargs`` sets
+``response_checksum_validation``; this opener sets ``"when_required"``: a resumed read, which
+is ranged, cannot be checked against a whole object's checksum (servers that send it anyway,
+as rclone does, would fail every resume), and the CRC costs as much CPU as the rest of the
+read (zlib's CRC32: about 0.4 s per GB here). The transfer is still checked by TLS on
+``https`` endpoints and by the body's length.
 
 **Writes**: one ``put_object`` up to 32 MiB, else a multipart upload (16 MiB parts, 4 in
 flight, each request retried by :mod:`wds_cloud.stores.retry`), aborted when it fails.
@@ -19,11 +34,14 @@ What botocore raises becomes our error in ``_s3_failure``: an answer by its stat
 from __future__ import annotations
 
 import logging
-from typing import Any, BinaryIO
+import re
+from contextvars import ContextVar
+from typing import Any, BinaryIO, NamedTuple, cast
 
 from ..errors import AccessDeniedError, ConfigError, OpenError
 from ..urls import redact
-from .aio import AsyncBody
+from . import direct
+from .aio import AsyncBody, run
 from .base import (
     CloudOpener,
     Fetched,
@@ -34,6 +52,7 @@ from .base import (
     range_ignored,
     send_parts,
 )
+from .direct import DirectBody
 from .retry import (
     Retrier,
     RetryableError,
@@ -42,7 +61,7 @@ from .retry import (
     status_error,
     transient_errors,
 )
-from .streams import ObjectMeta
+from .streams import Body, ObjectMeta
 
 __all__ = ["S3Opener"]
 
@@ -52,6 +71,16 @@ log = logging.getLogger(__name__)
 _CODE_STATUS = {"NoSuchKey": 404, "NoSuchBucket": 404, "AccessDenied": 403,
                 "InvalidAccessKeyId": 403, "SignatureDoesNotMatch": 403,
                 "PreconditionFailed": 412, "SlowDown": 503}
+
+
+_CHECKSUM_OPTION = "response_checksum_validation"
+_ERROR_CODE = re.compile(r"<Code>([^<]*)</Code>")
+
+
+def _botocore_options() -> Any:
+    from botocore.config import Config
+
+    return Config.OPTION_DEFAULTS
 
 
 def _s3_failure(exc: BaseException, url: str, doing: str, offset: int) -> Exception:
@@ -72,10 +101,8 @@ def _s3_failure(exc: BaseException, url: str, doing: str, offset: int) -> Except
     return OpenError(f"{doing} {redact(url)} failed: {type(exc).__name__}", url=redact(url))
 
 
-async def _s3_call(fs: Any, url: str, doing: str, method: str, *, offset: int = 0,
-                   **kwargs: Any) -> Any:
-    """One S3 request with s3fs's client and request options, but not its retry loop
-    (``_call_s3`` retries behind our back); failures come out as our errors."""
+async def _client(fs: Any, url: str, doing: str, bucket: str | None, offset: int = 0) -> Any:
+    """s3fs's client for ``bucket``, its session made first; failures as our errors."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -83,8 +110,19 @@ async def _s3_call(fs: Any, url: str, doing: str, method: str, *, offset: int = 
     except (TypeError, ValueError) as exc:  # botocore's Config and AioSession check late
         raise ConfigError(f"storage_options for s3:// were refused: {exc}") from exc
     try:
-        client = await fs.get_s3(kwargs.get("Bucket"))
-        call = getattr(client, method)
+        return await fs.get_s3(bucket)
+    except (ClientError, BotoCoreError, *transient_errors("s3")) as exc:
+        raise _s3_failure(exc, url, doing, offset) from exc
+
+
+async def _s3_call(fs: Any, url: str, doing: str, method: str, *, offset: int = 0,
+                   **kwargs: Any) -> Any:
+    """One S3 request with s3fs's client and request options, but not its retry loop
+    (``_call_s3`` retries behind our back); failures come out as our errors."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    call = getattr(await _client(fs, url, doing, kwargs.get("Bucket"), offset), method)
+    try:
         return await call(**fs._get_s3_method_kwargs(call, **kwargs))
     except (ClientError, BotoCoreError, *transient_errors("s3")) as exc:
         raise _s3_failure(exc, url, doing, offset) from exc
@@ -100,12 +138,119 @@ def _writer(fs: Any, url: str, policy: RetryPolicy) -> Request:
     return call
 
 
-class _S3Source(LoopSource):
-    """One S3 object as a :class:`~wds_cloud.stores.streams.RangeSource`."""
+class _Built(Exception):  # not an error: how a built request leaves the client
+    """Carries a GET that botocore built and signed out of the client, unsent."""
 
-    def __init__(self, fs: Any, url: str) -> None:
+    def __init__(self, request: Any) -> None:
+        super().__init__("request built, not sent")
+        self.request = request
+
+
+class _Signed(NamedTuple):
+    """A GET built and signed by the client, for the reading thread to send."""
+
+    method: str
+    url: str
+    headers: dict[str, Any]
+
+
+#: set while a GET is built for the reading thread to send (see ``_take_request``)
+_BUILDING: ContextVar[bool] = ContextVar("wds_cloud_s3_building", default=False)
+
+
+def _take_request(request: Any, **_: Any) -> None:
+    """botocore's ``before-send`` hook: a request built under ``_BUILDING`` leaves the client
+    here, signed and unsent. Other requests of the same (shared) client go on as usual."""
+    if _BUILDING.get():
+        raise _Built(request)
+
+
+def _sendable(client: Any) -> bool:
+    """Whether a GET of ``client`` may be sent by :mod:`~wds_cloud.stores.direct`: not
+    when it would go through a proxy or offer a client certificate, nor when botocore was
+    asked to check the checksums of what it reads (``response_checksum_validation``)."""
+    from botocore.utils import get_environ_proxies
+
+    config = client.meta.config
+    checking = getattr(config, _CHECKSUM_OPTION, "when_required") != "when_required"
+    return not (checking or config.proxies or getattr(config, "client_cert", None)
+                or get_environ_proxies(client.meta.endpoint_url))
+
+
+def _verify(fs: Any) -> bool | str:
+    """What botocore verifies TLS with: ``client_kwargs["verify"]``, else the session's
+    ``ca_bundle`` (``AWS_CA_BUNDLE``, the config file), else its default bundle."""
+    verify = fs.client_kwargs.get("verify")
+    if verify is None:
+        verify = fs.session.get_config_variable("ca_bundle")
+    return True if verify is None else cast("bool | str", verify)
+
+
+class _S3Source(LoopSource):
+    """One S3 object as a :class:`~wds_cloud.stores.streams.RangeSource`.
+
+    Each GET is built and signed by s3fs's client on its loop, then sent and read by the
+    thread that reads the stream (:mod:`~wds_cloud.stores.direct`), as ``curl`` would; where
+    that path does not apply (``_sendable``), and for answers the client knows better what to
+    do with (a redirect, a 400 such as a wrong region), the client sends the GET itself."""
+
+    def __init__(self, fs: Any, url: str, policy: RetryPolicy) -> None:
         super().__init__(fs, url)
         self._bucket, self._key, self._version_id = fs.split_path(url)
+        self._timeout = policy.timeout
+        self._tls: bool | str = True
+        self._fetches = 0
+
+    def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
+        got = run(self._fs.loop, self._build, offset, version)
+        self._fetches += 1
+        if isinstance(got, _Signed):
+            body = direct.send(got.method, got.url, got.headers, timeout=self._timeout,
+                               verify=self._tls,
+                               careful=self._fetches > 1)  # a resume: connections fail here
+            answer = self._answer(body, offset)
+            if answer is not None:
+                return answer
+            got = run(self._fs.loop, self._get, offset, version)
+        return cast(Fetched, got)
+
+    async def _build(self, offset: int, version: str | None) -> Fetched | _Signed:
+        """The signed GET for the reading thread to send, or (where it may not) the answer."""
+        client = await _client(self._fs, self._url, "reading", self._bucket, offset)
+        if not _sendable(client):
+            return await self._get(offset, version)
+        self._tls = _verify(self._fs)
+        client.meta.events.register("before-send.s3.GetObject", _take_request,
+                                    unique_id="wds_cloud.s3.take_request")
+        token = _BUILDING.set(True)
+        try:
+            return await self._get(offset, version)  # only if another hook answered instead
+        except _Built as built:  # returned, not raised: fsspec's sync raises what it is given
+            request = built.request
+            return _Signed(request.method, request.url, dict(request.headers))
+        finally:
+            _BUILDING.reset(token)
+
+    def _answer(self, body: DirectBody, offset: int) -> tuple[DirectBody, ObjectMeta] | None:
+        """``body`` and what it says about the object; None, with ``body`` closed, when the
+        client is to handle that answer; or the error it is."""
+        status, headers = body.status, body.headers
+        if status in (200, 206):
+            if offset and not headers.get("Content-Range"):
+                body.close()
+                raise range_ignored(self._url, status)
+            self._version_id = self._version_id or headers.get("x-amz-version-id")
+            return body, ObjectMeta(object_size(headers.get("Content-Range"),
+                                                headers.get("Content-Length"), offset),
+                                    headers.get("ETag"))
+        if status < 401:  # a redirect, or a 400 such as a wrong region: botocore follows them
+            body.close()
+            return None
+        codes = _ERROR_CODE.findall(body.error_text())
+        body.close()
+        code = codes[0] if codes else ""
+        raise status_error(_CODE_STATUS.get(code, status), self._url, "reading", detail=code,
+                           offset=offset)
 
     async def _get(self, offset: int, version: str | None) -> Fetched:
         kw: dict[str, Any] = {"Bucket": self._bucket, "Key": self._key}
@@ -145,12 +290,14 @@ class S3Opener(CloudOpener):
         config.setdefault("connect_timeout", timeout)
         config.setdefault("read_timeout", timeout)
         config.setdefault("retries", {"total_max_attempts": 1})
+        if _CHECKSUM_OPTION in _botocore_options():  # see the module doc
+            config.setdefault(_CHECKSUM_OPTION, "when_required")
         # botocore's default pool of 10 would queue the shards opened ahead (WDS_READAHEAD)
         config.setdefault("max_pool_connections", 64)
         return {**options, "config_kwargs": config}
 
     def _source(self, fs: Any, url: str, policy: RetryPolicy) -> _S3Source:
-        return _S3Source(fs, url)
+        return _S3Source(fs, url, policy)
 
     async def _put(self, fs: Any, url: str, policy: RetryPolicy, data: bytes) -> None:
         await _writer(fs, url, policy)("PUT", "put_object", Body=data)

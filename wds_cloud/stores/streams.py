@@ -22,7 +22,7 @@ import logging
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from ..errors import ConfigError, OpenError
 from ..io.streams import SequentialStream
@@ -41,6 +41,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_Got = TypeVar("_Got", bytes, int)
+_READALL_PIECE = 16 * 2**20
+
 
 @dataclass(frozen=True)
 class ObjectMeta:
@@ -52,7 +55,11 @@ class ObjectMeta:
 
 
 class Body(Protocol):
-    """The body of one response, read sequentially; ``readinto`` returns 0 at its end."""
+    """The body of one response, read sequentially. ``read(size)`` returns up to ``size``
+    bytes and ``readinto`` fills up to the buffer's length; either may return less before the
+    end (at least one byte), and nothing (``b""``, 0) at the end."""
+
+    def read(self, size: int) -> bytes: ...
 
     def readinto(self, buffer: memoryview) -> int: ...
 
@@ -92,32 +99,53 @@ class ResumableStream(SequentialStream):
         self._version: str | None = None
         self._size: int | None = None
         self._body: Body | None = None
+        self._closing = False
         self._body = self._fetch(first=True)
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes (all that is left when ``size`` is negative or None), as the
+        body hands them over (io's ``read`` would fill a new buffer, then copy it again into
+        ``bytes``)."""
+        if size is None or size < 0:
+            return self.readall()
+        return self._next(lambda body: body.read(size)) if size else b""
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        if not len(view):
-            return 0
+        return self._next(lambda body: body.readinto(view)) if len(view) else 0
+
+    def readall(self) -> bytes:
+        parts = []
+        while part := self.read(_READALL_PIECE):
+            parts.append(part)
+        return b"".join(parts)
+
+    def _next(self, take: Callable[[Body], _Got]) -> _Got:
+        """``take(body)``: the next bytes (or their count) from the current body, fetching it
+        again from the current position after a failure, until bytes come or the body ends
+        where the object does."""
         retrier = self._retrier
         while True:
             if self._body is None:
-                if self.closed:
-                    raise ValueError("I/O operation on closed stream")
+                self._check_open()
                 self._body = self._fetch(first=False)
             try:
-                n = self._body.readinto(view)
+                got = take(self._body)
             except TRANSIENT as exc:
                 self._drop_body()
+                self._check_open()  # no retry when the failure was the stream being closed
                 retrier.wait(exc)
                 continue
+            n = got if isinstance(got, int) else len(got)
             if n:
                 self._pos = retrier.offset = self._pos + n
                 retrier.succeeded()
                 count_io(bytes_read=n)
-                return n
+                return got
             if self._size is None or self._pos >= self._size:
-                return 0
+                return got
             self._drop_body()
+            self._check_open()
             retrier.wait(ConnectionError(f"response ended at byte {self._pos} of {self._size}"))
 
     def _fetch(self, *, first: bool) -> Body:
@@ -125,6 +153,7 @@ class ResumableStream(SequentialStream):
         (an answer is not progress: only bytes read reset the failures in a row)."""
         retrier = self._retrier
         while True:
+            self._check_open()
             retrier.attempt(resume=not first)
             try:
                 body, meta = self._source.fetch(self._pos, self._version)
@@ -143,8 +172,15 @@ class ResumableStream(SequentialStream):
                     f"the object changed while it was read (version {self._version!r} at "
                     f"open, {meta.version!r} at byte {self._pos})")
             if not first:
+                if self._closing:  # closed by another thread while this GET was under way
+                    body.close()
+                    self._check_open()
                 log.info("resumed %s at byte %d", retrier.resolved_url, self._pos)
             return body
+
+    def _check_open(self) -> None:
+        if self.closed or self._closing:
+            raise ValueError("I/O operation on closed stream")
 
     def _drop_body(self) -> None:
         body, self._body = self._body, None
@@ -156,7 +192,10 @@ class ResumableStream(SequentialStream):
                           exc_info=True)
 
     def close(self) -> None:
+        """Close the stream; a read under way in another thread (read-ahead closes the
+        streams it is filling) ends at once, and does not fetch again."""
         if not self.closed:
+            self._closing = True  # before the body goes: the read it ends must not resume
             self._drop_body()
         super().close()
 
