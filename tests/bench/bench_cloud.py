@@ -3,15 +3,20 @@
 
     python tests/bench/bench_cloud.py [--quick] [--only http,s3,readahead]
 
-1. ``http``: one big shard from nginx through our HTTP opener, against ``curl -s URL > /dev/null``
-   from the same nginx (target ≥ 0.9×).
-2. ``s3``: the same object from ``rclone serve s3`` through ``s3://``, against the best plain
-   s3fs read of it (``cat_file``, and ``open().read()`` in several block sizes; target ≥ 0.9×).
+1. ``http``: one big shard from nginx through our HTTP opener, against ``curl -s URL`` of the
+   same object from the same nginx (target ≥ 0.9×).
+2. ``s3``: one big shard from ``rclone serve s3`` (hashing with CRC32, so that its own MD5s do
+   not dominate: ``LocalS3Server(etag_hash="crc32")``) through ``s3://``, read as the tar reader
+   reads a stream (``read`` of its piece size), against ``curl --aws-sigv4`` of the same object
+   from the same server (target ≥ 0.9×). Our CPU per GB is split between fsspec's event loop
+   thread (the HTTP client: one per process, shared by all its streams) and the reading thread.
 3. ``readahead``: 64 shards of 4 MB behind a proxy that delays each response's first byte by
    50 ms, read by ``WebDataset`` with read-ahead on and off, against the same proxy without
    latency (target ≥ 0.8×).
 
-Each measurement is the best of a few runs. It is a report, not a test: it always exits 0.
+Each ratio is of medians of interleaved runs (baseline, ours, baseline, ours, ...; 7 by
+default), after one untimed run of each; CPU is user + system seconds of this process (ours)
+or of the child (curl). It is a report, not a test: it always exits 0.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +46,55 @@ from stores.proxy import FaultProxy
 
 import wds_cloud as wds
 from wds_cloud.settings import Settings
+from wds_cloud.tar import CHUNK_SIZE
 from wds_cloud.testing.locals3 import LocalS3Server
 
 MB = 10**6
+GB = 10**9
 _BUF = bytearray(4 * 2**20)
 
 
-def best(run: Callable[[], int], repeats: int) -> float:
-    """The shortest of ``repeats`` timed calls of ``run`` (which returns the bytes it read)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+@dataclass(frozen=True)
+class Timing:
+    """Medians over the runs of one contender: wall seconds, CPU seconds, and the CPU seconds
+    of fsspec's event loop thread (0 where it does not take part)."""
+
+    seconds: float
+    cpu: float
+    loop_cpu: float = 0.0
+
+
+def _cpu() -> float:
+    """User + system seconds of this process and of its reaped children (curl)."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def _loop_cpu() -> float:
+    """CPU seconds of fsspec's I/O thread so far (asked on that thread)."""
+    from fsspec.asyn import get_loop
+
+    answer: Future[float] = Future()
+    get_loop().call_soon_threadsafe(lambda: answer.set_result(time.thread_time()))
+    return answer.result(timeout=10)
+
+
+def interleaved(runs: dict[str, Callable[[], Any]], repeats: int, *,
+                loop: bool = False) -> dict[str, Timing]:
+    """Each of ``runs`` once untimed, then ``repeats`` rounds of each in turn; their medians.
+    ``loop``: also time fsspec's event loop thread."""
+    for run in runs.values():
         run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            loop_before = _loop_cpu() if loop else 0.0
+            cpu_before, start = _cpu(), time.perf_counter()
+            run()
+            wall, cpu = time.perf_counter() - start, _cpu() - cpu_before
+            samples[name].append((wall, cpu, _loop_cpu() - loop_before if loop else 0.0))
+    return {name: Timing(*(statistics.median(s[i] for s in rows) for i in range(3)))
+            for name, rows in samples.items()}
 
 
 def drain(stream: Any) -> int:
@@ -62,57 +105,63 @@ def drain(stream: Any) -> int:
     return total
 
 
-def report(name: str, ours: float, base: float, nbytes: int, base_name: str,
-           target: float) -> None:
-    ratio = base / ours
-    print(f"{name}: wds_cloud {nbytes / ours / MB:,.0f} MB/s, {base_name} "
-          f"{nbytes / base / MB:,.0f} MB/s, ratio {ratio:.2f}× (target ≥ {target}×)",
+def read_pieces(stream: Any, piece: int = CHUNK_SIZE) -> int:
+    """Read ``stream`` to its end as the tar reader does: ``read`` of its piece size."""
+    total = 0
+    with contextlib.closing(stream):
+        while data := stream.read(piece):
+            total += len(data)
+    return total
+
+
+def report(name: str, ours: Timing, base: Timing, nbytes: int, base_name: str,
+           target: float, *, cpu: bool = True) -> None:
+    ratio = base.seconds / ours.seconds
+    print(f"{name}: wds_cloud {nbytes / ours.seconds / MB:,.0f} MB/s, {base_name} "
+          f"{nbytes / base.seconds / MB:,.0f} MB/s, ratio {ratio:.2f}× (target ≥ {target}×)",
           flush=True)
+    if cpu:
+        split = (f" (event loop {ours.loop_cpu * GB / nbytes:.2f}, reader "
+                 f"{(ours.cpu - ours.loop_cpu) * GB / nbytes:.2f})" if ours.loop_cpu else "")
+        print(f"    CPU per GB: wds_cloud {ours.cpu * GB / nbytes:.2f} s{split}, {base_name} "
+              f"{base.cpu * GB / nbytes:.2f} s", flush=True)
+
+
+def write_object(path: Path, size: int) -> None:
+    """``size`` random bytes at ``path``, on disk before anything is timed (the kernel's
+    write-back of a fresh file would otherwise run during the first runs)."""
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        os.fsync(f.fileno())
+
+
+def _curl(*args: str) -> Callable[[], int]:
+    return lambda: subprocess.run(["curl", "-sS", "--fail", "-o", "/dev/null", *args],
+                                  check=True).returncode
 
 
 def bench_http(root: Path, size: int, repeats: int) -> None:
-    blob = root / "big.bin"
-    blob.write_bytes(os.urandom(size))
+    write_object(root / "big.bin", size)
     with NginxServer(root) as nginx:
         url = nginx.url_for("big.bin")
-        curl = best(lambda: subprocess.run(["curl", "-s", "-o", "/dev/null", url],
-                                           check=True).returncode, repeats)
-        ours = best(lambda: drain(wds.gopen(url)), repeats)
-        report(f"http {size // MB} MB from nginx", ours, curl, size, "curl", 0.9)
+        times = interleaved({"curl": _curl(url), "ours": lambda: drain(wds.gopen(url))},
+                            repeats, loop=True)
+        report(f"http {size // MB} MB from nginx (median of {repeats})", times["ours"],
+               times["curl"], size, "curl", 0.9)
 
 
 def bench_s3(root: Path, size: int, repeats: int) -> None:
-    bucket = root / "bench"
-    bucket.mkdir(exist_ok=True)
-    (bucket / "big.bin").write_bytes(os.urandom(size))
-    # rclone hashes (MD5) every read that starts at byte 0, which a single streaming GET always
-    # does and block reads do once: measured as served by default, and without that hashing
-    for label, extra in (("", ()), (", rclone --local-hashes crc32", ("--local-hashes", "crc32"))):
-        _bench_s3_server(root, size, repeats, label, extra)
-
-
-def _bench_s3_server(root: Path, size: int, repeats: int, label: str,
-                     extra: tuple[str, ...]) -> None:
-    import fsspec
-
-    with LocalS3Server(root, key="bench", secret="bench-secret", extra_args=extra) as server:
-        options = server.storage_options
-        fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
-        plain: dict[str, Callable[[], int]] = {
-            "cat_file": lambda: len(fs.cat_file("bench/big.bin")),
-        }
-        for block in (5 * 2**20, 32 * 2**20, 128 * 2**20):
-            def read_blocks(block: int = block) -> int:
-                with fs.open("bench/big.bin", block_size=block, cache_type="none") as f:
-                    return drain(f)
-            plain[f"open(block_size={block >> 20} MiB)"] = read_blocks
-        times = {name: best(run, repeats) for name, run in plain.items()}
-        best_name = min(times, key=times.__getitem__)
-        stream = lambda: drain(wds.gopen("s3://bench/big.bin",  # noqa: E731
-                                         storage_options={"s3": options}))
-        ours = best(stream, repeats)
-        report(f"s3 {size // MB} MB from rclone{label}", ours, times[best_name], size,
-               f"best plain s3fs ({best_name})", 0.9)
+    (root / "bench").mkdir(exist_ok=True)
+    write_object(root / "bench" / "big.bin", size)
+    with LocalS3Server(root, key="bench", secret="bench-secret", etag_hash="crc32") as server:
+        options = {"s3": server.storage_options}
+        signed = _curl("--aws-sigv4", "aws:amz:us-east-1:s3", "--user", "bench:bench-secret",
+                       f"{server.endpoint_url}/bench/big.bin")
+        ours = lambda: read_pieces(wds.gopen("s3://bench/big.bin",  # noqa: E731
+                                             storage_options=options))
+        times = interleaved({"curl": signed, "ours": ours}, repeats, loop=True)
+    report(f"s3 {size // MB} MB from rclone --local-hashes crc32, read({CHUNK_SIZE >> 20} MiB) "
+           f"(median of {repeats})", times["ours"], times["curl"], size, "curl --aws-sigv4", 0.9)
 
 
 def _shards(root: Path, count: int, size: int) -> list[str]:
@@ -152,25 +201,21 @@ def bench_readahead(root: Path, count: int, repeats: int, depth: int) -> None:
     with NginxServer(root) as nginx, FaultProxy(nginx.url) as proxy:
         urls = [f"{proxy.url}/{name}" for name in names]
 
-        def timed(latency: float, readahead: int) -> float:
+        def run(latency: float, readahead: int) -> int:
             proxy.configure(latency=latency)
             with _readahead(readahead):
-                start = time.perf_counter()
-                epoch(urls)
-                return time.perf_counter() - start
+                return epoch(urls)
 
-        slow = timed(0.05, 0)
-        # interleaved, so that drift in the machine's speed hits both alike; medians
-        fast, ahead = [], []
-        for _ in range(repeats):
-            fast.append(timed(0.0, depth))
-            ahead.append(timed(0.05, depth))
-    fast_s, ahead_s = statistics.median(fast), statistics.median(ahead)
+        start = time.perf_counter()
+        run(0.05, 0)  # once: ~50 ms a shard, only to show what read-ahead saves
+        slow = time.perf_counter() - start
+        times = interleaved({"fast": lambda: run(0.0, depth), "ahead": lambda: run(0.05, depth)},
+                            repeats)
     label = f"{count} shards of 4 MB, 50 ms first-byte latency"
-    print(f"readahead off, {label}: {total / slow / MB:,.0f} MB/s, ratio {fast_s / slow:.2f}× "
-          "of the no-latency run", flush=True)
-    report(f"readahead {depth}, {label} (median of {repeats})", ahead_s, fast_s, total,
-           "no latency", 0.8)
+    print(f"readahead off, {label}: {total / slow / MB:,.0f} MB/s, ratio "
+          f"{times['fast'].seconds / slow:.2f}× of the no-latency run", flush=True)
+    report(f"readahead {depth}, {label} (median of {repeats})", times["ahead"], times["fast"],
+           total, "no latency", 0.8, cpu=False)
 
 
 def main() -> int:
@@ -180,14 +225,14 @@ def main() -> int:
     parser.add_argument("--depth", type=int, default=Settings().readahead,
                         help="shards read ahead (default: the WDS_READAHEAD default)")
     args = parser.parse_args()
-    size = (64 if args.quick else 256) * 2**20
-    repeats = 2 if args.quick else 3
+    size = (64 if args.quick else 512) * 2**20
+    repeats = 3 if args.quick else 7
     chosen = set(args.only.split(","))
     with tempfile.TemporaryDirectory(prefix="wds-bench-cloud-") as tmp:
         for name, run in (("http", lambda d: bench_http(d, size, repeats)),
                           ("s3", lambda d: bench_s3(d, size, repeats)),
                           ("readahead", lambda d: bench_readahead(d, 16 if args.quick else 64,
-                                                                  repeats + 2, args.depth))):
+                                                                  repeats, args.depth))):
             if name in chosen:
                 directory = Path(tmp) / name
                 directory.mkdir()
