@@ -31,6 +31,7 @@ path (:class:`_Reader`).
 from __future__ import annotations
 
 import bisect
+import sys
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
@@ -351,8 +352,8 @@ def iter_member_batches(
     while True:
         if reader.ahead > BLOCK:  # small members: parse what a large buffer holds
             buf, start = reader.buf, reader.pos
-            # numpy after the first chunk: reading the first samples does not wait for it
-            vectorize = reader.off >= reader.chunk
+            # numpy once loaded, or after the first chunk: the first samples never wait for it
+            vectorize = reader.off >= reader.chunk or "numpy" in sys.modules
             batch, headers, extended, reader.pos = fast_batch(buf, reader.pos,
                                                               vectorize=vectorize)
             if headers:
