@@ -21,8 +21,7 @@ from .pipeline.rng import SHUFFLE, KeyedRandom
 from .pipeline.state import Ref, ResumableShuffle, ResumeBook, refetch, track_shards
 from .router import Router
 from .settings import Settings
-from .tar import samples as tario
-from .tar.samples import ShardCursor
+from .tar.shardloop import ShardCursor, samples_from_shards
 
 __all__ = ["ReaderShuffle", "ShardOpener", "ShardReader", "read_shards"]
 
@@ -69,7 +68,7 @@ class ShardOpener:
 
     def samples(
         self, src: Iterable[Sample], handler: Handler, select_files: Any, rename_files: Any,
-        *, share: int = 1, cursor: tario.ShardCursor | None = None,
+        *, share: int = 1, cursor: ShardCursor | None = None,
     ) -> Iterator[Sample]:
         """Samples of the shards of ``src``; ``share``: how many such streams one process
         reads at once (a spec's sources), which split the read-ahead between them;
@@ -81,7 +80,7 @@ class ShardOpener:
 def read_shards(
     open_stream: Callable[..., BinaryIO], settings: Settings, src: Iterable[Sample],
     handler: Handler, select_files: Any, rename_files: Any, *, share: int = 1,
-    cursor: tario.ShardCursor | None = None,
+    cursor: ShardCursor | None = None,
 ) -> Iterator[Sample]:
     """Samples of the shards ``{"url": ...}`` of ``src`` opened with ``open_stream``, the
     next ``settings.readahead // share`` opened in the background: those whose first byte is
@@ -92,7 +91,7 @@ def read_shards(
     max_bytes = settings.readahead_bytes // max(share, 1)
     worth = getattr(open_stream, "costs_round_trip", None)
     with ReadAhead(open_stream, depth=depth, max_bytes=max_bytes, worth=worth) as ahead:
-        yield from tario.samples_from_shards(ahead.sources(src), handler, select_files,
+        yield from samples_from_shards(ahead.sources(src), handler, select_files,
                                              rename_files, open_stream=ahead.open,
                                              cursor=cursor)
 

@@ -28,7 +28,7 @@ from .router import expand_glob
 from .settings import Settings
 from .spec import DatasetSpec, load_spec
 from .spec.build import SpecEpochShards, SpecMix, SpecShardMix
-from .tar.samples import ShardCursor
+from .tar.shardloop import ShardCursor
 from .urls import merge_scheme_options
 
 __all__ = ["MultiShardSample", "spec_source"]

@@ -26,7 +26,7 @@ from wds_cloud.errors import OpenError, ShardNotFoundError
 from wds_cloud.handlers import reraise_exception
 from wds_cloud.io import LocalOpener
 from wds_cloud.io.readahead import ReadAhead, ReadAheadStats
-from wds_cloud.tar import samples as tario
+from wds_cloud.tar.shardloop import samples_from_shards
 
 THREAD = "wds-readahead"
 SHARD_SIZE = 6 * 40_000  # about: 6 samples of 40 kB
@@ -146,12 +146,12 @@ def _with_readahead(sources: list[dict[str, Any]], opener: SlowOpener, *, depth:
     with ReadAhead(opener, depth=depth, max_bytes=max_bytes) as ra:
         if ras is not None:
             ras.append(ra)
-        yield from tario.samples_from_shards(ra.sources(sources), handler,
+        yield from samples_from_shards(ra.sources(sources), handler,
                                          open_stream=_asking(ra, opener))
 
 
 def _baseline(sources: list[dict[str, Any]], handler: Any = reraise_exception) -> list[Any]:
-    return list(tario.samples_from_shards(sources, handler, open_stream=SlowOpener()))
+    return list(samples_from_shards(sources, handler, open_stream=SlowOpener()))
 
 
 def _threads_end() -> list[threading.Thread]:
@@ -192,7 +192,7 @@ def test_only_urls_worth_it_are_opened_ahead(shards: list[str]) -> None:
     remote = set(shards[1::2])
     opener = SlowOpener()
     with ReadAhead(opener, depth=3, max_bytes=1 << 20, worth=remote.__contains__) as ra:
-        got = list(tario.samples_from_shards(ra.sources(sources), reraise_exception,
+        got = list(samples_from_shards(ra.sources(sources), reraise_exception,
                                              open_stream=_asking(ra, opener)))
         stats = ra.stats
     assert got == _baseline(sources)
@@ -250,7 +250,7 @@ def test_open_errors_reach_the_handler_in_shard_order(shards: list[str]) -> None
         samples = (_with_readahead(sources, SlowOpener(delay=0.005), depth=2,
                                    max_bytes=1 << 20, handler=handler)
                    if open_with_readahead else
-                   tario.samples_from_shards(sources, handler, open_stream=SlowOpener()))
+                   samples_from_shards(sources, handler, open_stream=SlowOpener()))
         events.extend(("sample", s["__key__"]) for s in samples)
         return sorted(events, key=lambda e: e[1])  # errors are logged as they happen
 

@@ -30,6 +30,7 @@ from wds_cloud.handlers import (
 )
 from wds_cloud.tar import reader as tarformat
 from wds_cloud.tar import samples as tario
+from wds_cloud.tar.shardloop import samples_from_shards
 
 Entry = tuple[str, Any]  # (name, bytes) for a file, or (name, Special(type)) for others
 
@@ -88,7 +89,7 @@ def open_rb(url: str) -> Any:
 
 
 def ours_samples(urls: list[str], **kw: Any) -> list[dict[str, Any]]:
-    return list(tario.samples_from_shards([{"url": u} for u in urls], open_stream=open_rb, **kw))
+    return list(samples_from_shards([{"url": u} for u in urls], open_stream=open_rb, **kw))
 
 
 def wds_samples(urls: list[str], **kw: Any) -> list[dict[str, Any]]:
@@ -427,7 +428,7 @@ def test_local_path_from_the_stream(tmp_path: Path) -> None:
         stream.local_path = "/the/local/" + os.path.basename(u)  # type: ignore[attr-defined]
         return stream
 
-    samples = list(tario.samples_from_shards([{"url": url}], open_stream=open_with_path))
+    samples = list(samples_from_shards([{"url": url}], open_stream=open_with_path))
     assert [s["__local_path__"] for s in samples] == ["/the/local/lp.tar"] * 3
     opened = list(tario.open_shards([{"url": url}], open_stream=open_with_path))
     assert opened[0]["local_path"] == "/the/local/lp.tar"
@@ -439,7 +440,7 @@ def test_local_path_from_the_stream(tmp_path: Path) -> None:
 def test_local_path_through_gopen(tmp_path: Path) -> None:
     gopen = wds_cloud.gopen
     url = write(tmp_path, "g.tar", tar_bytes(sample_entries(2)))
-    samples = list(tario.samples_from_shards([{"url": url}], open_stream=gopen))
+    samples = list(samples_from_shards([{"url": url}], open_stream=gopen))
     assert [os.path.realpath(s["__local_path__"]) for s in samples] == [os.path.realpath(url)] * 2
 
 
@@ -624,7 +625,7 @@ def test_stream_read_errors() -> None:
     data = tar_bytes(sample_entries(200))
 
     def _read(blob: bytes) -> list[dict[str, Any]]:
-        return list(tario.samples_from_shards([{"url": "pipe:x"}], open_stream=lambda u: io.BytesIO(
+        return list(samples_from_shards([{"url": "pipe:x"}], open_stream=lambda u: io.BytesIO(
             blob)))
 
     ours_error = PipeError("pipe:false failed", url="pipe:false", command="false", returncode=1)
@@ -635,7 +636,7 @@ def test_stream_read_errors() -> None:
             seen.append(e)
             return True
 
-        samples = list(tario.samples_from_shards(
+        samples = list(samples_from_shards(
             [{"url": "pipe:x"}], record, open_stream=lambda u, e=exc: FailingStream(data[:16384],
                                                                                   e)))
         assert len(seen) == 1 and isinstance(seen[0], kind)
@@ -644,7 +645,7 @@ def test_stream_read_errors() -> None:
         whole = [s for s in _read(data) if s["__key__"] in {t["__key__"] for t in samples}]
         assert samples == whole  # only complete samples, none cut by the failure
         with pytest.raises(kind):
-            list(tario.samples_from_shards([{"url": "pipe:x"}], reraise_exception,
+            list(samples_from_shards([{"url": "pipe:x"}], reraise_exception,
                                        open_stream=lambda u, e=exc: FailingStream(data[:16384],
                                                                                   e)))
 
@@ -675,17 +676,17 @@ class Tracked(io.BytesIO):
 def test_streams_are_closed(tmp_path: Path) -> None:
     data = tar_bytes(sample_entries(50))
     Tracked.opened = []
-    it = tario.samples_from_shards([{"url": "a"}, {"url": "b"}],
+    it = samples_from_shards([{"url": "a"}, {"url": "b"}],
                                    open_stream=lambda u: Tracked(data))
     assert len(list(it)) == 100 and all(s.closed for s in Tracked.opened)
     Tracked.opened = []
-    it = tario.samples_from_shards([{"url": "a"}], open_stream=lambda u: Tracked(data))
+    it = samples_from_shards([{"url": "a"}], open_stream=lambda u: Tracked(data))
     next(it)
     it.close()  # consumer breaks out early
     assert Tracked.opened[0].closed
     Tracked.opened = []
     with pytest.raises(ShardFormatError):
-        list(tario.samples_from_shards([{"url": "a"}], open_stream=lambda u: Tracked(data[:3000])))
+        list(samples_from_shards([{"url": "a"}], open_stream=lambda u: Tracked(data[:3000])))
     assert Tracked.opened[0].closed
     Tracked.opened = []
     files = tario.tar_file_expander(tario.open_shards([{"url": "a"}],
@@ -696,14 +697,14 @@ def test_streams_are_closed(tmp_path: Path) -> None:
 def test_messages_hide_credentials() -> None:
     url = "s3://bucket/shard.tar?X-Amz-Signature=secret"
     with pytest.raises(ShardFormatError) as info:
-        list(tario.samples_from_shards([{"url": url}],
+        list(samples_from_shards([{"url": url}],
                                        open_stream=lambda u: io.BytesIO(b"junk" * 200)))
     assert "secret" not in str(info.value)
 
 
 def test_text_mode_stream_is_explained() -> None:
     with pytest.raises(ShardFormatError, match="binary mode"):
-        list(tario.samples_from_shards([{"url": "t"}],
+        list(samples_from_shards([{"url": "t"}],
                                        open_stream=lambda u: io.StringIO("x" * 600)))
 
 

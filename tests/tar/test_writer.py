@@ -26,7 +26,7 @@ import wds_cloud.codecs.decoder as ad
 from wds_cloud.codecs import encoder as encode
 from wds_cloud.codecs.encoder import EncodingError
 from wds_cloud.errors import ConfigError
-from wds_cloud.tar import samples as tario
+from wds_cloud.tar.shardloop import samples_from_shards
 from wds_cloud.tar.writer import ShardWriter, TarWriter
 
 GNU_TAR = shutil.which("tar") or "tar"  # a missing tar fails the tests that need it
@@ -268,7 +268,7 @@ def test_webdataset_writer_output_reads_with_our_tario(tmp_path: Path) -> None:
     with wds_ref.TarWriter(path) as sink:
         for sample in samples:
             sink.write(sample)
-    ours = list(tario.samples_from_shards([{"url": path}], open_stream=_open_local))
+    ours = list(samples_from_shards([{"url": path}], open_stream=_open_local))
     assert [{k: v for k, v in s.items() if not k.startswith("__") or k == "__key__"}
             for s in ours] == samples
 

@@ -6,7 +6,7 @@ Every stateful stage keeps its position here, as a small flat dict of ints and s
 
 * the iteration: seed, epoch, slot (rank, world size, worker, workers) and the items the
   dataset yielded in this epoch (``yielded``);
-* each source's reader (:class:`~wds_cloud.tar.samples.ShardCursor`): shards started in the
+* each source's reader (:class:`~wds_cloud.tar.shardloop.ShardCursor`): shards started in the
   source's shard stream, the current shard's URL and ETag/generation, the byte offset of its
   next sample and its sample ordinal (``src.<i>.*``);
 * the mix: samples drawn (``mix.n``), from which its generator is replayed (no I/O);
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from ..errors import ConfigError, ResumeError
-from ..tar.samples import ShardCursor
+from ..tar.shardloop import ShardCursor
 from .filters import check_bufsize
 from .shards import WorkerInfo
 

@@ -37,7 +37,7 @@ from ..pipeline.filters import buffer_shuffle, check_bufsize
 from ..pipeline.rng import MIX, SHARDS, SHUFFLE, KeyedRandom
 from ..pipeline.shards import WorkerInfoSource, resolve_worker_info
 from ..pipeline.state import Ref, ResumableShuffle, ResumeBook, refetch, track_shards
-from ..tar.samples import ShardCursor
+from ..tar.shardloop import ShardCursor
 from .schema import DatasetSpec
 
 __all__ = [

@@ -38,11 +38,11 @@ from .samples import (
     meta_prefix,
     meta_suffix,
     open_shards,
-    samples_from_shards,
     tar_file_expander,
     tar_file_iterator,
     valid_sample,
 )
+from .shardloop import ShardCursor, samples_from_shards
 
 if TYPE_CHECKING:
     from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
@@ -66,6 +66,7 @@ __all__ = [
     "Decompressed",
     "HeaderBuilder",
     "Member",
+    "ShardCursor",
     "ShardWriter",
     "TarWriter",
     "base_plus_ext",

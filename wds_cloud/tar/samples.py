@@ -1,8 +1,9 @@
 """Tar shards to samples: webdataset 1.0.2's ``tariterators`` API over a fast streaming reader.
 
 The functions keep webdataset's names, arguments and yielded dict shapes. They never open a URL
-themselves: :func:`open_shards` and :func:`samples_from_shards` take ``open_stream`` (a
-``Callable[[str], BinaryIO]``), which ``wds_cloud.dataset`` binds to ``gopen``.
+themselves: :func:`open_shards` and :func:`~wds_cloud.tar.shardloop.samples_from_shards` (the
+fused loop, in :mod:`.shardloop`) take ``open_stream`` (a ``Callable[[str], BinaryIO]``),
+which ``wds_cloud.dataset`` binds to ``gopen``.
 
 Grouping (webdataset's rule): a member name splits into key = directory + basename up to the
 basename's first dot, and suffix = the rest (lower-cased when ``lcase``); names without such a
@@ -49,16 +50,14 @@ from ..errors import (
 )
 from ..handlers import Handler, reraise_exception
 from ..urls import redact
-from .reader import Following, Marks, iter_member_batches, member_start
+from .reader import Following, Marks, iter_member_batches
 
 __all__ = [
-    "ShardCursor",
     "base_plus_ext",
     "group_by_keys",
     "meta_prefix",
     "meta_suffix",
     "open_shards",
-    "samples_from_shards",
     "tar_file_expander",
     "tar_file_iterator",
     "valid_sample",
@@ -369,242 +368,3 @@ def group_by_keys(
             current["__local_path__"] = local_path
     if current is not None and valid_sample(current):
         yield current
-
-
-class ShardCursor:
-    """Where a reader of shards stands, for resumable state (kept by
-    :func:`samples_from_shards` when given one).
-
-    ``started``: shard items taken from the source (failed ones too); ``url`` and ``version``
-    (ETag, generation; ``""`` if unknown) of the shard being read; ``ordinal``: its samples
-    yielded so far; ``done``: it has no more samples (the next comes from the next shard).
-    :meth:`next_offset` is where the next sample of the shard begins and :meth:`last` where the
-    last yielded one lies, as byte offsets in the tar bytes (``-1`` when they cannot be read
-    from an offset: a compressed shard). An item ``{"url", "offset", "ordinal"}`` resumes a
-    shard: the stream is opened at ``offset`` (``open_stream(url, offset=...)``) when there
-    is one, else from the start, skipping ``ordinal`` samples.
-    """
-
-    __slots__ = ("_at", "_prev", "done", "marks", "ordinal", "started", "url", "version")
-
-    def __init__(self) -> None:
-        self.started = 0
-        self.url = ""
-        self.version = ""
-        self.ordinal = 0
-        self.done = True
-        self.marks: list[Marks] = [(0, 0, [], False)]
-        self._at: tuple[Marks, list[tuple[str, bytes]], int] | int = 0
-        self._prev: tuple[Marks, list[tuple[str, bytes]], int] | int = 0
-
-    def begin(self, url: str, version: str, base: int, ordinal: int) -> None:
-        """A shard starts (at byte ``base``, after ``ordinal`` samples)."""
-        self.url, self.version, self.ordinal, self.done = url, version, ordinal, False
-        self._at = self._prev = base
-
-    def boundary(self, batch: list[tuple[str, bytes]], j: int) -> None:
-        """The sample about to be yielded ends where member ``j`` of ``batch`` begins."""
-        self._prev, self._at = self._at, (self.marks[0], batch, j)
-        self.ordinal += 1
-
-    def boundary_at(self, offset: int) -> None:
-        """The sample about to be yielded ends at byte ``offset`` (-1: unknown)."""
-        self._prev, self._at = self._at, offset
-        self.ordinal += 1
-
-    def finish(self) -> None:
-        """The shard's last sample is about to be yielded."""
-        self._prev, self._at = self._at, -1
-        self.ordinal += 1
-        self.done = True
-
-    @staticmethod
-    def _resolve(at: tuple[Marks, list[tuple[str, bytes]], int] | int) -> int:
-        if isinstance(at, int):
-            return at
-        marks, batch, j = at
-        return -1 if marks[3] else member_start(marks, batch, j)
-
-    def next_offset(self) -> int:
-        """Where the next sample of this shard begins (-1: unknown, or none)."""
-        return -1 if self.done else self._resolve(self._at)
-
-    def last(self) -> tuple[int, int]:
-        """``(ordinal, byte offset)`` of the sample yielded last (offset -1 if unknown)."""
-        return self.ordinal - 1, self._resolve(self._prev)
-
-
-def samples_from_shards(
-    src: Iterable[dict[str, Any]], handler: Handler = reraise_exception,
-    select_files: Selector | None = None, rename_files: Renamer | None = None, *,
-    open_stream: OpenStream, cursor: ShardCursor | None = None,
-) -> Iterator[Sample]:
-    """Samples from the tar shards ``{"url": ...}`` of ``src``: open, parse and group in one
-    loop (what webdataset's url_opener | tar_file_expander | group_by_keys do).
-
-    Each stream is closed when its shard is done, on error, and when the consumer stops.
-    ``cursor`` keeps the position (see :class:`ShardCursor`), and items with ``offset`` or
-    ``ordinal`` resume a shard there.
-    """
-    for source in src:
-        url = _url_of(source)
-        offset, skip = _resume_point(source)
-        if cursor is not None:
-            cursor.started += 1
-        try:
-            stream = open_stream(url, offset=offset) if offset > 0 else open_stream(url)
-        except Exception as exn:
-            if handler(_open_error(exn, url)):
-                continue
-            return
-        try:
-            if cursor is not None:
-                cursor.begin(url, str(getattr(stream, "version", None) or ""), offset, skip)
-                if _changed(source, cursor.version, url):  # reseeding: read it from its start
-                    stream.close()
-                    stream = open_stream(url)
-                    offset = skip = 0
-                    cursor.begin(url, str(getattr(stream, "version", None) or ""), 0, 0)
-            samples = _shard_samples(stream, url, handler, select_files, rename_files, cursor)
-            if skip and offset <= 0:
-                samples = _skipping(samples, skip, cursor)
-            go_on = yield from samples
-        finally:
-            stream.close()
-        if not go_on:
-            return
-
-
-def _resume_point(source: Any) -> tuple[int, int]:
-    """``(byte offset, samples before it)`` where an item resumes its shard (0, 0: start)."""
-    if not isinstance(source, dict):
-        return 0, 0
-    return int(source.get("offset", 0) or 0), int(source.get("ordinal", 0) or 0)
-
-
-def _changed(source: Any, version: str, url: str) -> bool:
-    """Whether a resumed shard changed since its state was saved: a
-    :class:`~wds_cloud.errors.ResumeError`, or True (after a WARNING) when the item says
-    ``reseed``."""
-    want = source.get("version") if isinstance(source, dict) else None
-    if not (want and version and want != version):
-        return False
-    message = (f"{redact(url)} changed since the state was saved (version {want!r} then, "
-               f"{version!r} now)")
-    if source.get("reseed"):
-        log.warning("%s; reading it from its start (on_mismatch='reseed')", message)
-        return True
-    from ..errors import ResumeError
-
-    raise ResumeError(message + "; load the state with on_mismatch='reseed' to go on",
-                      field="version")
-
-
-def _skipping(samples: Generator[Sample, None, bool], skip: int,
-              cursor: ShardCursor | None) -> Generator[Sample, None, bool]:
-    """``samples`` without the first ``skip`` (a shard resumed by re-reading its start)."""
-    if cursor is not None:
-        cursor.ordinal = 0
-    for _ in range(skip):
-        try:
-            next(samples)
-        except StopIteration as stop:
-            return bool(stop.value)
-    return (yield from samples)
-
-
-def _shard_samples(
-    stream: BinaryIO, url: str, handler: Handler, select_files: Selector | None,
-    rename_files: Renamer | None, cursor: ShardCursor | None = None,
-) -> Generator[Sample, None, bool]:
-    """The fused loop for one shard; returns False when the handler says stop."""
-    local_path = getattr(stream, "local_path", None)
-    hooks = select_files is not None or rename_files is not None
-    current: Sample = {}
-    key: str | None = None
-    outcome = _Outcome()
-    marks = None if cursor is None else cursor.marks
-    following: Following = [None]
-    for batch in _batches(stream, url, handler, outcome, marks, None if hooks else following):
-        for j, (name, data) in enumerate(batch):
-            if name.startswith("__") and _is_meta(name, _META):
-                continue
-            if hooks:
-                new, outcome.go_on = _hooks(name, url, handler, select_files, rename_files)
-                if new is None:
-                    if outcome.go_on:
-                        continue
-                    break
-                name = new
-            if "/" not in name:  # key = up to the first dot (which must not be the first char)
-                prefix, dot, suffix = name.partition(".")
-                if not (prefix and dot):
-                    continue
-            else:
-                split = _split_path(name)
-                if split is None:
-                    continue
-                prefix, suffix = split
-            suffix = suffix.lower()
-            if prefix != key:
-                if valid_sample(current):
-                    if cursor is not None:
-                        cursor.boundary(batch, j)
-                    yield current
-                key = prefix
-                current = {"__key__": prefix, "__url__": url}
-                if local_path is not None:
-                    current["__local_path__"] = local_path
-            if suffix in current:
-                outcome.go_on = bool(handler(_duplicate(url, name, suffix, prefix)))
-                if outcome.go_on:
-                    continue
-                break
-            current[suffix] = data
-        if not outcome.go_on:
-            break
-        if following[0] is not None and current and _key(following[0][0]) not in (key, None):
-            if valid_sample(current):  # the next member starts another sample: hand it on now
-                if cursor is not None:
-                    cursor.boundary_at(following[0][1])
-                yield current
-            current, key = {}, None
-    # A sample still open when damage cut the shard short may lack members that were lost:
-    # unlike webdataset, it is dropped rather than passed on as if complete, unless the damage
-    # is in a member of the next sample.
-    if valid_sample(current) and (not outcome.damaged or _ends_before(
-            outcome.broken, key, select_files, rename_files)):
-        if cursor is not None:
-            cursor.finish()
-        yield current
-    elif cursor is not None:
-        cursor.done = True
-    return outcome.go_on
-
-
-def _key(name: str) -> str | None:
-    """The key grouping gives member ``name`` (None: a member it skips)."""
-    if name.startswith("__") and _is_meta(name, _META):
-        return None
-    if "/" not in name:
-        prefix, dot, _ = name.partition(".")
-        return prefix if prefix and dot else None
-    split = _split_path(name)
-    return None if split is None else split[0]
-
-
-def _ends_before(broken: str | None, key: str | None, select_files: Selector | None,
-                 rename_files: Renamer | None) -> bool:
-    """Whether the sample ``key`` was complete when the shard broke in member ``broken``:
-    that member, as grouping would have seen it, starts another sample. False when unknown
-    (no member named, a metadata member, one the hooks drop or fail on)."""
-    if broken is None or key is None or _is_meta(broken, _META):
-        return False
-    try:
-        name = broken if rename_files is None else rename_files(broken)
-        if name is None or (select_files is not None and not select_files(name)):
-            return False
-    except Exception:  # not the error that broke the shard: the handler saw that one
-        return False
-    split = _split_path(name)
-    return split is not None and split[0] != key
