@@ -213,7 +213,7 @@ def _shard_samples(
                 prefix, suffix = split
             suffix = suffix.lower()
             if prefix != key:
-                if valid_sample(current):
+                if current and valid_sample(current):  # (empty after an early hand-on)
                     if cursor is not None:
                         cursor.boundary(batch, j)
                     yield current
