@@ -152,6 +152,7 @@ class _Signed(NamedTuple):
     method: str
     url: str
     headers: dict[str, Any]
+    verify: bool | str  # how to verify TLS, as botocore would (see ``_verify``)
 
 
 #: set while a GET is built for the reading thread to send (see ``_take_request``)
@@ -198,7 +199,6 @@ class _S3Source(LoopSource):
         super().__init__(fs, url)
         self._bucket, self._key, self._version_id = fs.split_path(url)
         self._timeout = policy.timeout
-        self._tls: bool | str = True
         self._fetches = 0
 
     def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
@@ -206,7 +206,7 @@ class _S3Source(LoopSource):
         self._fetches += 1
         if isinstance(got, _Signed):
             body = direct.send(got.method, got.url, got.headers, timeout=self._timeout,
-                               verify=self._tls,
+                               verify=got.verify,
                                careful=self._fetches > 1)  # a resume: connections fail here
             answer = self._answer(body, offset)
             if answer is not None:
@@ -219,7 +219,6 @@ class _S3Source(LoopSource):
         client = await _client(self._fs, self._url, "reading", self._bucket, offset)
         if not _sendable(client):
             return await self._get(offset, version)
-        self._tls = _verify(self._fs)
         client.meta.events.register("before-send.s3.GetObject", _take_request,
                                     unique_id="wds_cloud.s3.take_request")
         token = _BUILDING.set(True)
@@ -227,7 +226,8 @@ class _S3Source(LoopSource):
             return await self._get(offset, version)  # only if another hook answered instead
         except _Built as built:  # returned, not raised: fsspec's sync raises what it is given
             request = built.request
-            return _Signed(request.method, request.url, dict(request.headers))
+            return _Signed(request.method, request.url, dict(request.headers),
+                           _verify(self._fs))
         finally:
             _BUILDING.reset(token)
 
