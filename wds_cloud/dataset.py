@@ -45,36 +45,39 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import random
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import replace
 from typing import Any, BinaryIO
-from urllib.parse import urlparse
 
 from .errors import ConfigError
 from .handlers import Handler, reraise_exception
-from .pipeline import core as pipeline
 from .pipeline import filters, shards
 from .pipeline.core import pipelinefilter
-from .pipeline.directory import DirectoryShardList
 from .pipeline.epochs import EpochCounter
-from .pipeline.exact import ExactEpochShards
 from .pipeline.fluid import FluidInterface
 from .pipeline.shards import WorkerInfo
 from .pipeline.state import ResumeBook, fingerprint
 from .pytorch import (
     DataPipeline,
-    ResampledShards,
     single_node_only,
-    split_by_node,
     split_by_worker,
     worker_info,
 )
 from .reading import ReaderShuffle, ShardOpener, ShardReader, read_shards
-from .router import Router, expand_glob, gopen, with_cache
+from .router import gopen
 from .settings import Settings
+from .shardsource import (
+    bind_worker_info,
+    cache_settings,
+    describe,
+    exact_source,
+    expand_patterns,
+    is_directory,
+    is_spec,
+    refuse_unsupported,
+    resolve_seed,
+    shard_source,
+    shardshuffle_size,
+)
 from .tar import samples as tario
 
 # re-exported: webdataset code reaches them as ``wds.tariterators.*``
@@ -185,113 +188,6 @@ def _log_shards(src: Iterable[Sample]) -> Iterator[Sample]:
         yield item
 
 
-def _as_seed(value: object, name: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    raise ConfigError(f"{name} must be an integer seed, got {value!r}")
-
-
-def _cache_settings(settings: Settings, cache_dir: Any, cache_size: Any,
-                    revalidate: bool | None, local: bool | None) -> Settings:
-    """``settings`` with WebDataset's explicit cache arguments in place of the environment's."""
-    if isinstance(cache_size, (int, float)) and not isinstance(cache_size, bool) \
-            and cache_size < 0:
-        cache_size = None
-    settings = with_cache(settings, cache_dir, cache_size)
-    if revalidate is not None:
-        settings = replace(settings, cache_revalidate=bool(revalidate))
-    if local is not None:
-        settings = replace(settings, cache_local=bool(local))
-    return settings
-
-
-def _refuse_unsupported(urls: object, mode: str | None) -> None:
-    if _is_directory(urls) or is_spec(urls):
-        return  # DirectoryShardList checks its mode; a spec has none
-    if mode not in (None, "resampled"):
-        raise ConfigError(
-            f"WebDataset(mode={mode!r}): only None and 'resampled' are supported for shard "
-            "lists; the queue modes ('resample', 'keep', 'unlink') go with a directory URL "
-            "ending in '/' (webdataset's DirectoryShardList)"
-        )
-
-
-def is_spec(urls: object) -> bool:
-    """A dataset spec: a ``DatasetSpec``, a dict, or a ``.yaml``/``.yml``/``.json`` path."""
-    from .spec import DatasetSpec
-
-    if isinstance(urls, os.PathLike):
-        urls = os.fspath(urls)
-    return isinstance(urls, (Mapping, DatasetSpec)) or (
-        isinstance(urls, str) and urls.endswith((".yaml", ".yml", ".json")))
-
-
-def _is_directory(urls: object) -> bool:
-    """A directory URL (ending in ``/``) or a ``DirectoryShardList``: a queue of shards,
-    claimed by each process as it reads, which no splitter or shuffle may reorder."""
-    return isinstance(urls, DirectoryShardList) or (
-        isinstance(urls, str) and urlparse(urls).path.endswith("/"))
-
-
-def _expand_patterns(urls: Any, url_vars: Mapping[str, str], router: Router) -> Any:
-    """Shard URLs with globs (``s3://b/train-*.tar``) listed once, here, not in each worker."""
-    if not isinstance(urls, str) and not (
-            isinstance(urls, (list, tuple)) and all(isinstance(u, str) for u in urls)):
-        return urls
-    listed = shards.expand_source(urls, url_vars=url_vars)
-    expanded = expand_glob(listed, router=router)
-    return urls if expanded == listed else expanded
-
-
-def _resolve_seed(seed: object, settings: Settings) -> tuple[int, bool]:
-    """The seed to use and whether the user chose it (argument or ``WDS_SEED``)."""
-    if seed is not None:
-        return _as_seed(seed, "WebDataset(seed=...)"), True
-    if settings.seed is not None:
-        return settings.seed, True
-    return random.SystemRandom().randrange(2**63), False
-
-
-def _bind_worker_info(splitter: Any, where: Callable[[], WorkerInfo]) -> Any:
-    """Our own splitters, told where they run with the dataset's settings (not the environment
-    read again); any other splitter as it is."""
-    if splitter in (split_by_node, split_by_worker, single_node_only):
-        return functools.partial(splitter, worker_info=where)
-    return splitter
-
-
-def _shard_source(urls: Any, resampled: bool, empty_check: bool, seed: int | None,
-                  url_vars: Mapping[str, str], mode: str | None,
-                  storage_options: Mapping[str, Any]) -> Any:
-    if isinstance(urls, DirectoryShardList):
-        return urls
-    if _is_directory(urls):
-        return DirectoryShardList(urls, mode=mode, storage_options=storage_options)
-    if isinstance(urls, (shards.SimpleShardList, shards.ShardResampler, pipeline.Pipeline)):
-        if resampled:
-            raise ConfigError(
-                f"WebDataset(resampled=True) needs URLs, not a shard list object ({urls!r}); "
-                "pass the URLs, or pass ResampledShards(urls) without resampled=True"
-            )
-        return urls
-    if isinstance(urls, (str, Iterable)):
-        if resampled:
-            if seed is None:
-                return ResampledShards(urls, empty_check=empty_check, url_vars=url_vars)
-            return ResampledShards(urls, seed=seed, deterministic=True, empty_check=empty_check,
-                                   url_vars=url_vars)
-        return shards.SimpleShardList(urls, url_vars=url_vars)
-    raise ConfigError(
-        f"WebDataset cannot use urls of type {type(urls).__name__}: give a string (brace "
-        "pattern, '::'-joined lists), a list of URL strings or a shard list"
-    )
-
-
 class WebDataset(DataPipeline, FluidInterface):
     """A pipeline reading samples from WebDataset tar shards, with webdataset 1.0.2's arguments.
 
@@ -331,9 +227,9 @@ class WebDataset(DataPipeline, FluidInterface):
         remainder: str = "pad",
     ) -> None:
         super().__init__()
-        _refuse_unsupported(urls, mode)
+        refuse_unsupported(urls, mode)
         # the composition root: the environment is read here, once, and passed down
-        self.settings = settings = _cache_settings(
+        self.settings = settings = cache_settings(
             Settings.from_env(), cache_dir, cache_size, cache_revalidate, cache_local)
         self.worker_info = functools.partial(worker_info, settings)
         if is_spec(urls):
@@ -358,14 +254,14 @@ class WebDataset(DataPipeline, FluidInterface):
                 self.repeat()
             return
         opener = ShardOpener(settings, storage_options or {}, url_to_name)
-        urls = _expand_patterns(urls, settings.url_vars, opener.router)
+        urls = expand_patterns(urls, settings.url_vars, opener.router)
         resampled = resampled or mode == "resampled"
-        self.seed, chosen = _resolve_seed(seed, settings)
+        self.seed, chosen = resolve_seed(seed, settings)
         where = functools.partial(worker_info, settings)
         if remainder != "pad" and epoch_mode is None:
             raise ConfigError("WebDataset(remainder=...) goes with epoch_mode='exact'")
         if epoch_mode is not None:
-            self.append(_exact_source(urls, epoch_mode, remainder, resampled,
+            self.append(exact_source(urls, epoch_mode, remainder, resampled,
                                       self.seed if chosen else 0, settings, where))
             self.book = ResumeBook("exact", fingerprint(urls, remainder), self.seed,
                                    seed_chosen=True)
@@ -374,19 +270,19 @@ class WebDataset(DataPipeline, FluidInterface):
             if repeat:
                 self.repeat()
             return
-        shardshuffle = _shardshuffle_size(shardshuffle, resampled)
+        shardshuffle = shardshuffle_size(shardshuffle, resampled)
         self.book = ResumeBook("shards", fingerprint(urls, resampled, shardshuffle, mode),
                                self.seed, seed_chosen=chosen)
         if resampled and not chosen:
             self.book.unsupported = ("resampled without a seed draws fresh entropy (as "
                                      "webdataset); give seed= (or WDS_SEED) to resume")
-        self.append(_shard_source(urls, resampled, empty_check, self.seed if chosen else None,
+        self.append(shard_source(urls, resampled, empty_check, self.seed if chosen else None,
                                   settings.url_vars, mode, storage_options or {}))
-        queue = _is_directory(urls)  # each process claims its shards: no splitting
+        queue = is_directory(urls)  # each process claims its shards: no splitting
         if nodesplitter is not None and not queue:
-            self.append(_bind_worker_info(nodesplitter, where))
+            self.append(bind_worker_info(nodesplitter, where))
         if workersplitter and not queue:
-            self.append(_bind_worker_info(workersplitter, where))
+            self.append(bind_worker_info(workersplitter, where))
         if shardshuffle and not queue:
             if detshuffle:
                 self.append(filters.detshuffle(shardshuffle, seed=self.seed))
@@ -398,7 +294,7 @@ class WebDataset(DataPipeline, FluidInterface):
             self.book.unsupported = "a directory queue (DirectoryShardList) does not resume"
         self.append(ShardReader(opener, handler, select_files, rename_files, self.book))
         if empty_check and not queue:  # a worker may find a queue empty
-            self.append(check_empty(_describe(urls), worker_info=where, book=self.book))
+            self.append(check_empty(describe(urls), worker_info=where, book=self.book))
         if repeat:
             self.repeat()
 
@@ -476,48 +372,6 @@ class WebDataset(DataPipeline, FluidInterface):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _exact_source(urls: Any, epoch_mode: str, remainder: str, resampled: bool, seed: int,
-                  settings: Settings, where: Callable[[], WorkerInfo]) -> ExactEpochShards:
-    """The shard source of ``epoch_mode="exact"``: it deals the shards to the slots itself,
-    so no splitter and no shard shuffle follow it."""
-    if epoch_mode != "exact":
-        raise ConfigError(f"WebDataset(epoch_mode={epoch_mode!r}): the one mode is 'exact' "
-                          "(None: webdataset's epochs)")
-    if resampled:
-        raise ConfigError("WebDataset(epoch_mode='exact') deals each shard once per epoch; "
-                          "resampled=True draws shards with replacement: choose one")
-    return ExactEpochShards(urls, seed=seed, remainder=remainder, worker_info=where,
-                            url_vars=settings.url_vars)
-
-
-def _describe(urls: object) -> str:
-    if isinstance(urls, str):
-        return f"WebDataset({redact(urls)!r})"
-    return f"WebDataset({type(urls).__name__})"
-
-
-def _shardshuffle_size(shardshuffle: int | bool | None, resampled: bool) -> int:
-    """webdataset's warnings, then the buffer size of the shard shuffle (0: none)."""
-    if resampled:
-        if shardshuffle not in (False, None):
-            warnings.warn(
-                "WebDataset(shardshuffle=...) is ignored for resampled datasets", stacklevel=3)
-        return 0
-    if shardshuffle is None:
-        warnings.warn(
-            "WebDataset(shardshuffle=...) is None; set explicitly to False or a number",
-            stacklevel=3)
-        return 0
-    if shardshuffle is True:
-        warnings.warn(
-            "set WebDataset(shardshuffle=...) to a positive integer or 0 or False", stacklevel=3)
-        return 100
-    if not isinstance(shardshuffle, int) or shardshuffle < 0:
-        raise ConfigError(
-            f"WebDataset(shardshuffle={shardshuffle!r}): give a buffer size >= 0 or False")
-    return int(shardshuffle)
 
 
 class FluidWrapper(DataPipeline, FluidInterface):
