@@ -160,3 +160,51 @@ def test_hand_made_base256_header() -> None:
     got, error = read_all(bytes(header) + bytes(512), tarformat.CHUNK_SIZE)
     assert got == [] and error is not None
     assert error.member == "big.bin" and str(size) in str(error)
+
+
+def _raw_member(name: bytes, data: bytes) -> bytes:
+    """A ustar member whose name field is ``name`` as it is (any bytes, up to 100)."""
+    info = tarfile.TarInfo("x")
+    info.size = len(data)
+    header = bytearray(info.tobuf(tarfile.USTAR_FORMAT))
+    header[0:100] = name.ljust(100, b"\0")
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header) + data + bytes(-len(data) % 512)
+
+
+@pytest.mark.parametrize("probe", [1, 32])
+@pytest.mark.parametrize("chunk", [4096, 20_000, tarformat.CHUNK_SIZE])
+def test_small_member_walk_through_what_looks_like_headers(probe: int, chunk: int) -> None:
+    """Shards of small members whose data are tar archives themselves (blocks that look like
+    plain headers), with names of exactly 100 bytes, bytes that are not UTF-8, and a pax
+    header now and then: read like tarfile, whichever way the buffer is walked."""
+    rng = random.Random(5)
+    inner = io.BytesIO()
+    with tarfile.open(fileobj=inner, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for i in range(3):
+            info = tarfile.TarInfo(f"inner{i}.txt")
+            info.size = 700
+            tf.addfile(info, io.BytesIO(rng.randbytes(700)))
+    nested = inner.getvalue()
+    parts = []
+    for i in range(300):
+        if i % 7 == 3:
+            parts.append(_raw_member(b"n%04d." % i + b"x" * 94, b"hundred"))
+        elif i % 11 == 5:
+            parts.append(_raw_member(b"bad\xe4\xff%04d.cls" % i, b"%d" % i))
+        elif i % 13 == 6:
+            out = io.BytesIO()
+            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tf:
+                info = tarfile.TarInfo(f"p{i:04d}.\u00e9t\u00e9")
+                info.size = 10
+                tf.addfile(info, io.BytesIO(b"0123456789"))
+            parts.append(out.getvalue()[:_member_ends(out.getvalue())[-1]])  # no end blocks
+        else:
+            parts.append(_raw_member(b"s%04d.tar" % i, nested if i % 2 else rng.randbytes(300)))
+    data = b"".join(parts) + bytes(1024)
+    expected = reference(data)
+    assert len(expected) == 300
+    got, error = read_all(data, chunk, probe)
+    assert error is None
+    assert got == expected

@@ -88,7 +88,9 @@ def _walk(buf: bytes, pos: int, members: list[Member], headers: list[int], exten
 def _walk_dense(buf: bytes, pos: int, members: list[Member], headers: list[int],
                 extended: list[int]) -> int:
     """:func:`_walk` vectorized: every block from ``pos`` is parsed as if it were a plain
-    header in one numpy pass, then Python follows the chain of next-header indexes."""
+    header in one numpy pass; the chain of next-header indexes from the first block is then
+    verified in one more pass for as long as it runs through plain headers only (a data block
+    that looks like a header breaks it there), and Python follows it from where that stops."""
     import numpy as np  # only shards of small members pay for it
 
     nblocks = (len(buf) - pos) // BLOCK
@@ -99,10 +101,35 @@ def _walk_dense(buf: bytes, pos: int, members: list[Member], headers: list[int],
              & ((digits >= 0) & (digits <= 7)).all(axis=1))
     nxt = np.arange(1, nblocks + 1) + ((sizes + 511) >> 9)
     nxt[~plain | (nxt > nblocks)] = -1
-    links, is_plain = nxt.tolist(), plain.tolist()
+    chain, i = _plain_chain(np, nxt)
     found: list[int] = []
     overrides: dict[int, tuple[str | None, int | None]] = {}
-    i = 0
+    if i < nblocks and (nxt[i] >= 0 or fast_extended(buf, pos + i * BLOCK, len(buf) - BLOCK)):
+        i = _follow(buf, pos, nxt.tolist(), plain.tolist(), i, found, overrides, extended)
+    if len(chain) or found:
+        idx = np.concatenate((chain, np.array(found, dtype=np.intp))) if found else chain
+        headers.extend(_collect(buf, pos, rows, sizes, idx, overrides, members))
+    return pos + i * BLOCK
+
+
+def _plain_chain(np: Any, nxt: Any) -> tuple[Any, int]:
+    """The blocks of the chain of plain headers from block 0 (``nxt``: each block's next
+    header, -1 if it is no plain header or its data is not buffered), as an array, and the
+    block after them."""
+    heads = np.flatnonzero(nxt >= 0)
+    if not len(heads) or heads[0]:
+        return heads[:0], 0
+    broken = np.flatnonzero(nxt[heads[:-1]] != heads[1:])
+    last = int(broken[0]) if len(broken) else len(heads) - 1
+    return heads[:last + 1], int(nxt[heads[last]])
+
+
+def _follow(buf: bytes, pos: int, links: list[int], is_plain: list[bool], i: int,
+            found: list[int], overrides: dict[int, tuple[str | None, int | None]],
+            extended: list[int]) -> int:
+    """Follow the chain of headers from block ``i`` one by one (through pax and long-name
+    headers too), appending the member header blocks to ``found``; return where it stops."""
+    nblocks = len(links)
     while i < nblocks:
         j = links[i]
         if j < 0:  # not a plain member: maybe a pax/long-name header before one
@@ -119,31 +146,34 @@ def _walk_dense(buf: bytes, pos: int, members: list[Member], headers: list[int],
             i = k
         found.append(i)
         i = j
-    if found:
-        _collect(buf, pos, rows, sizes, found, overrides, members)
-        headers.extend(pos + b * BLOCK for b in found)
-    return pos + i * BLOCK
+    return i
 
 
-def _collect(buf: bytes, pos: int, rows: Any, sizes: Any, found: list[int],
-             overrides: dict[int, tuple[str | None, int | None]], members: list[Member]) -> None:
-    """Append the members whose headers are the blocks ``found`` (relative to ``pos``)."""
+def _collect(buf: bytes, pos: int, rows: Any, sizes: Any, idx: Any,
+             overrides: dict[int, tuple[str | None, int | None]], members: list[Member]
+             ) -> list[int]:
+    """Append the members whose headers are the blocks ``idx`` (relative to ``pos``); return
+    the offsets of those headers in ``buf``."""
     import numpy as np
 
-    idx = np.array(found, dtype=np.intp)
-    nul = rows[idx, :100] == 0
-    lengths = np.where(nul.any(axis=1), nul.argmax(axis=1), 100).tolist()
+    # the names, NUL-terminated, decoded in one piece and split: as decoding each alone (a
+    # NUL is never part of a UTF-8 sequence, so the escapes of bad bytes are the same)
+    field = rows[idx, :101].copy()
+    field[:, 100] = 0  # a name of 100 bytes has no NUL of its own
+    lengths = (field == 0).argmax(axis=1)
+    keep = np.arange(101) <= lengths[:, None]
+    names = field[keep].tobytes().decode("utf-8", "surrogateescape").split("\0")[:-1]
     starts = (idx * BLOCK + pos).tolist()
     lens = sizes[idx].tolist()
-    names = [buf[p:p + n].decode("utf-8", "surrogateescape")
-             for p, n in zip(starts, lengths, strict=True)]
-    for n, k in enumerate(found) if overrides else ():
-        if k in overrides:
-            name, size = overrides[k]
-            names[n] = names[n] if name is None else name
-            lens[n] = lens[n] if size is None else size
+    if overrides:
+        for n, k in enumerate(idx.tolist()):
+            if k in overrides:
+                name, size = overrides[k]
+                names[n] = names[n] if name is None else name
+                lens[n] = lens[n] if size is None else size
     datas = [buf[p + BLOCK:p + BLOCK + n] for p, n in zip(starts, lens, strict=True)]
     members.extend(zip(names, datas, strict=True))
+    return starts
 
 
 def fast_extended(buf: bytes, pos: int, limit: int) -> tuple[int, str | None, int | None] | None:
