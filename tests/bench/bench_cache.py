@@ -13,8 +13,9 @@ default) and counts the bytes:
 (c) a warm epoch through a cache that holds every shard (all hits);
 (d) the same files read from local disk (nginx's root);
 (w) no reading at all: the same number of bytes written to new files in the caches' directory,
-    1 MiB ``os.pwrite`` at a time, in one thread: what writing every byte costs here, the part
-    of (b) that no design of the cache can avoid;
+    their blocks allocated first, then 1 MiB ``os.pwrite`` at a time, in one thread (as a fill
+    writes): what writing every byte costs here, the part of (b) that no design of the cache
+    can avoid;
 (as), (bs): (a) and (b) through a link shaped to 1 Gbit/s (125 MB/s) shared by all
     connections: the tests' fault proxy (tests/stores/faultproxy.py, ``rate``) in front of
     nginx, as a desktop user's download would be.
@@ -67,6 +68,7 @@ from stores.proxy import FaultProxy
 
 import wds_cloud as wds
 from wds_cloud.cache import wait_downloads
+from wds_cloud.cache.layout import preallocate
 
 MB = 10**6
 MEMBER = 2**20
@@ -104,6 +106,7 @@ def write_files(where: Path, count: int, size: int) -> int:
     for i in range(count):
         fd = os.open(where / f"w-{i:04d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
+            preallocate(fd, size)  # as a fill does
             for at in range(0, size, MEMBER):
                 os.pwrite(fd, piece[: size - at], at)
         finally:

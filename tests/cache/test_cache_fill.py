@@ -16,7 +16,8 @@ wait on an idle reader or a reader closes within ``FINISH_TAIL`` of the end.
    up another process reading the same shard: the pump finishes the one GET; and a reader
    closing far from the end while another process reads along does not drop the download;
 5. ``wait_downloads(0)`` is False while this process downloads, True once it is published;
-6. a piece is in the file when its reader gets it, and the read of the last byte publishes.
+6. a piece is in the file when its reader gets it, and the read of the last byte publishes;
+   the entry's blocks are allocated when its download starts (its size still grows).
 
 The children are ``sys.executable`` running tests/cache/cacheprocs/child.py (driven line by line by
 tests/cache/cacheprocs/driver.py), or a few lines given with ``-c`` (run with a timeout); each is
@@ -52,12 +53,26 @@ import wds_cloud as wds
 from wds_cloud.cache import ShardCache, wait_downloads
 from wds_cloud.cache import admin as cacheadmin
 from wds_cloud.cache.fill import FINISH_TAIL
-from wds_cloud.cache.layout import CacheLayout
+from wds_cloud.cache.layout import CacheLayout, preallocate
 
 MiB = 1 << 20
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def can_preallocate(directory: Path) -> bool:
+    """Whether the cache's preallocation works in ``directory`` (Linux, a filesystem with
+    ``fallocate``): a probe file gets its blocks and keeps its size 0."""
+    probe = directory / "preallocate-probe"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        preallocate(fd, MiB)
+        st = os.fstat(fd)
+        return st.st_size == 0 and st.st_blocks * 512 >= MiB
+    finally:
+        os.close(fd)
+        probe.unlink()
 
 
 def blob(size: int, seed: int) -> bytes:
@@ -490,12 +505,16 @@ def test_a_piece_is_in_the_file_when_its_reader_gets_it(
     shard = put_shard(nginx_server, "inline/shard-000.tar", blob(4 * MiB + 1000, 8))
     url, source, cache = shard.url, shard.source, tmp_path / "cache"
     name = layout(cache).name_for(url)
+    allocates = can_preallocate(tmp_path)
     with wds.gopen(url, cache_dir=str(cache)) as stream:
         got = b""
         while len(got) < len(source):
             got += stream.read(MiB // 3)
             if len(got) < len(source):
-                assert (cache / "partial" / name).read_bytes() == got
+                part = cache / "partial" / name
+                assert part.read_bytes() == got
+                if allocates:  # the blocks of the whole entry, from the start
+                    assert part.stat().st_blocks * 512 >= len(source) > part.stat().st_size
         assert got == source
         assert cache_files(cache) == [name]  # published by that last read
         assert wait_downloads(0)

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO, cast
 
 from ..errors import CacheError, TransferError, WdsCloudError
 from ..io.streams import SequentialStream
-from .layout import crc32
+from .layout import crc32, preallocate
 
 __all__ = ["FINISH_TAIL", "Fill", "TeeStream", "wait_fills"]
 
@@ -124,6 +124,10 @@ class Fill:
 
     def start(self) -> None:
         self._watcher.add(self)
+        try:
+            preallocate(self.fd, self.size)
+        except OSError as exc:  # no room: the entry is dropped before a byte is written
+            self.end(exc)
 
     def write(self, piece: memoryview) -> bool:
         """Append ``piece`` to the file and the CRC-32, in this thread (no copy is kept: the

@@ -28,6 +28,7 @@ locks one checks afterwards that the path still names the file it locked.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -329,6 +330,42 @@ def unlink(path: str) -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+_NO_ROOM = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EFBIG))
+
+
+@functools.cache
+def _fallocate() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``fallocate64`` (Linux), or None where there is none."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.fallocate64
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    call.restype = ctypes.c_int
+
+    def fallocate(fd: int, mode: int, offset: int, length: int) -> int:
+        return 0 if call(fd, mode, offset, length) == 0 else ctypes.get_errno()
+
+    return fallocate
+
+
+def preallocate(fd: int, size: int) -> None:
+    """Allocate the blocks of a file about to be written with ``size`` bytes, leaving its size
+    as it is (``FALLOC_FL_KEEP_SIZE``: followers read up to the size): one allocation rather
+    than one per page written (a third of the CPU of writing, on ext4), and a full disk is
+    found before the download rather than in its middle. Raises ``OSError`` when there is no
+    room; does nothing where the system or filesystem cannot (the writes then allocate)."""
+    fallocate = _fallocate()
+    if fallocate is None or size <= 0:
+        return
+    err = fallocate(fd, 1, 0, size)  # 1: FALLOC_FL_KEEP_SIZE
+    if err in _NO_ROOM:
+        raise OSError(err, f"cannot allocate {size} bytes: {os.strerror(err)}")
 
 
 def stream_facts(stream: Any) -> tuple[int | None, str | None]:
