@@ -8,8 +8,6 @@ and test_cloudstores.py.)"""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import random
 import threading
@@ -21,6 +19,7 @@ from typing import Any
 import pytest
 
 from stores import FaultProxy, Store
+from stores.tls import self_signed
 from wds_cloud.errors import OpenError, TransferError
 from wds_cloud.router import gopen
 from wds_cloud.settings import Settings
@@ -141,36 +140,10 @@ def test_a_forked_child_closing_a_stream_leaves_the_parents_connection(s3: Store
 
 # -- TLS ---------------------------------------------------------------------------------------
 
-def _self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key (cryptography comes with adlfs)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
 @pytest.fixture(scope="module")
 def tls_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalS3Server, Path]]:
     root = tmp_path_factory.mktemp("tls-s3")
-    cert, key = _self_signed(root)
+    cert, key = self_signed(root)
     (root / "bucket").mkdir()
     (root / "bucket" / "data.bin").write_bytes(DATA)
     with LocalS3Server(root, etag_hash="crc32",

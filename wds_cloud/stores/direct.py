@@ -11,9 +11,9 @@ GIL released while the thread waits.
 
 What the store's client does beyond that (proxies, client certificates, redirects, checking
 checksums) is not done here: a store uses this path only where none of it applies, and judges
-the answer itself (or hands it back to its client). TLS is verified as botocore verifies it
-(``verify``: a CA bundle's path, ``True`` for the default bundle, ``False`` for none). Each
-body has its own connection, closed with it.
+the answer itself (or hands it back to its client). TLS is verified with the context the store
+gives (:func:`botocore_tls` for S3; by default, Python's default context with the system's CA
+certificates, as aiohttp's). Each body has its own connection, closed with it.
 """
 
 from __future__ import annotations
@@ -31,16 +31,23 @@ from urllib.parse import urlsplit
 from ..urls import redact
 from .retry import RetryableError, reason
 
-__all__ = ["DirectBody", "send"]
+__all__ = ["DirectBody", "botocore_tls", "default_tls", "send"]
 
 _ERROR_TEXT = 64 * 1024  # of an error's body, enough for its XML
 _SLICE = 1 << 20  # the most a failure loses of what has arrived (see DirectBody)
 
 
 @functools.cache
-def _tls(verify: bool | str) -> ssl.SSLContext:
-    """The TLS context botocore's HTTP sessions make for ``verify`` (cached: loading a CA
-    bundle takes milliseconds)."""
+def default_tls() -> ssl.SSLContext:
+    """Python's default client context (the system's CA certificates, ``SSL_CERT_FILE``):
+    aiohttp's own default (cached: loading the certificates takes milliseconds)."""
+    return ssl.create_default_context()
+
+
+@functools.cache
+def botocore_tls(verify: bool | str) -> ssl.SSLContext:
+    """The TLS context botocore's HTTP sessions make for ``verify`` (a CA bundle's path,
+    ``True`` for botocore's default bundle, ``False`` for none; cached)."""
     from botocore.httpsession import create_urllib3_context, get_cert_path
 
     context = create_urllib3_context()
@@ -141,17 +148,17 @@ class DirectBody:
 
 
 def send(method: str, url: str, headers: Mapping[str, Any], *, timeout: float,
-         verify: bool | str, careful: bool = False) -> DirectBody:
+         tls: ssl.SSLContext | None = None, careful: bool = False) -> DirectBody:
     """Send the request on a new connection and return its answer, whatever its status, with
     the body unread (``careful``: see :class:`DirectBody`). ``timeout`` bounds connecting and
-    each wait for data. Raises :class:`~wds_cloud.stores.retry.RetryableError` when no answer
-    comes."""
+    each wait for data; ``tls`` verifies an ``https`` server (default: :func:`default_tls`).
+    Raises :class:`~wds_cloud.stores.retry.RetryableError` when no answer comes."""
     parts = urlsplit(url)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
         conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=timeout,
-                                           context=_tls(verify))
+                                           context=tls or default_tls())
     else:
         conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
     try:

@@ -2,7 +2,11 @@
 
 A read is one streaming GET; a dropped connection is resumed with ``Range: bytes=N-`` and
 ``If-Match`` on the ETag seen at open (see :mod:`wds_cloud.stores.streams`). Redirects are
-followed, as AIStore's gateway asks (301/307 to a storage node). A write is spooled and sent as
+followed, as AIStore's gateway asks (301/307 to a storage node). The GET is sent and its body
+received by the thread that reads the stream (:mod:`~wds_cloud.stores.direct`, as ``curl``
+would: a fifth of the CPU per GB of receiving on aiohttp's loop), unless the options ask for
+what only aiohttp does (``_sendable``: a session or request option other than ``headers``, or a
+client factory of one's own); then aiohttp sends it. A write is spooled and sent as
 one ``PUT`` when the shard is complete, following 307/308 redirects by hand so the body is sent
 only to the final target. Both are retried by :mod:`wds_cloud.stores.retry` (its ``"http"``
 row says which aiohttp errors are transient; :func:`~wds_cloud.stores.retry.status_error` which
@@ -19,9 +23,11 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from typing import Any, BinaryIO, ClassVar, cast
+from urllib.parse import urljoin, urlsplit
 
 from ..errors import OpenError
 from ..urls import redact
+from . import direct
 from .aio import AsyncBody, guard_forks, run
 from .retry import (
     Retrier,
@@ -31,7 +37,7 @@ from .retry import (
     status_error,
     transient_errors,
 )
-from .streams import AtomicUpload, ObjectMeta, ResumableStream, opener_options
+from .streams import AtomicUpload, Body, ObjectMeta, ResumableStream, opener_options
 
 __all__ = ["HttpOpener"]
 
@@ -40,6 +46,9 @@ log = logging.getLogger(__name__)
 #: aiohttp buffers this much per connection, so a read takes few hops to fill
 _READ_BUFSIZE = 4 * 2**20
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_REDIRECTS = frozenset((301, 302, 303, 307, 308))
+_MAX_REDIRECTS = 10  # aiohttp's own limit
+_SESSION_OPTIONS = frozenset(("read_bufsize", "headers"))  # what the direct path honours too
 
 
 def _meta(headers: Any, offset: int, status: int) -> ObjectMeta:
@@ -53,44 +62,90 @@ def _meta(headers: Any, offset: int, status: int) -> ObjectMeta:
     return ObjectMeta(size=size, version=version)
 
 
+def _sendable(fs: Any) -> bool:
+    """Whether GETs of ``fs`` may be sent by :mod:`~wds_cloud.stores.direct`: only headers
+    asked for (of the session or the request), and fsspec's own client factory."""
+    from fsspec.implementations.http import get_client
+
+    return (fs.get_client is get_client and set(fs.client_kwargs) <= _SESSION_OPTIONS
+            and set(fs.kwargs) <= {"headers"})
+
+
+def _range_headers(offset: int, version: str | None) -> dict[str, str]:
+    if not offset:
+        return {}
+    headers = {"Range": f"bytes={offset}-"}
+    if version and not version.startswith("W/") and version.startswith('"'):
+        headers["If-Match"] = version
+    return headers
+
+
 class _HttpSource:
     """One URL as a :class:`~wds_cloud.stores.streams.RangeSource` on an fsspec HTTP
-    filesystem."""
+    filesystem: GETs sent by the reading thread (``_send``) where the options allow it, else
+    by aiohttp on the filesystem's loop (``_get``)."""
 
     def __init__(self, fs: Any, url: str, policy: RetryPolicy) -> None:
         import aiohttp
 
         self._fs = fs
         self._url = url
+        self._policy = policy
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=policy.timeout, sock_read=policy.timeout)
+        self._direct = _sendable(fs)
+        self._fetches = 0
 
-    def fetch(self, offset: int, version: str | None) -> tuple[AsyncBody, ObjectMeta]:
-        return cast(tuple[AsyncBody, ObjectMeta], run(self._fs.loop, self._get, offset, version))
+    def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
+        self._fetches += 1
+        if self._direct:
+            return self._send(offset, version)
+        return cast(tuple[Body, ObjectMeta], run(self._fs.loop, self._get, offset, version))
+
+    def _send(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
+        """The GET sent and received by this thread, redirects followed (``Authorization``
+        and ``Cookie`` are not sent on to another host, as aiohttp does)."""
+        headers = {"Accept-Encoding": "identity", **(self._fs.client_kwargs.get("headers") or {}),
+                   **(self._fs.kwargs.get("headers") or {}), **_range_headers(offset, version)}
+        url = str(self._fs.encode_url(self._url))
+        for _ in range(_MAX_REDIRECTS + 1):
+            body = direct.send("GET", url, headers, timeout=self._policy.timeout,
+                               careful=self._fetches > 1)  # a resume: connections fail here
+            location = body.headers.get("Location")
+            if body.status not in _REDIRECTS or not location:
+                return body, self._judge(body.status, body.headers, offset, body.close)
+            body.close()
+            target = urljoin(url, location)
+            if urlsplit(target).netloc != urlsplit(url).netloc:
+                headers = {k: v for k, v in headers.items()
+                           if k.lower() not in ("authorization", "cookie")}
+            url = target
+        raise OpenError(f"{redact(self._url)}: more than {_MAX_REDIRECTS} redirects",
+                        url=self._url)
+
+    def _judge(self, status: int, headers: Any, offset: int, close: Any) -> ObjectMeta:
+        """What an answer says of the object, or (``close`` called) the error it is."""
+        try:
+            if status >= 400:
+                raise status_error(status, self._url, "reading", offset=offset)
+            if offset and status != 206:
+                raise OpenError(f"{redact(self._url)}: the server ignored a Range request "
+                                f"(HTTP {status}), so a read cannot resume", url=self._url)
+            return _meta(headers, offset, status)
+        except BaseException:
+            close()
+            raise
 
     async def _get(self, offset: int, version: str | None) -> tuple[AsyncBody, ObjectMeta]:
         session = await self._fs.set_session()
         kw = dict(self._fs.kwargs)
-        headers = dict(kw.pop("headers", None) or {})
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
-            if version and not version.startswith("W/") and version.startswith('"'):
-                headers["If-Match"] = version
+        headers = {**(kw.pop("headers", None) or {}), **_range_headers(offset, version)}
         try:
             resp = await session.get(self._fs.encode_url(self._url), headers=headers,
                                      timeout=self._timeout, **kw)
         except transient_errors("http") as exc:
             raise RetryableError(f"cannot connect for {redact(self._url)}: {reason(exc)}") from exc
-        try:
-            if resp.status >= 400:
-                raise status_error(resp.status, self._url, "reading", offset=offset)
-            if offset and resp.status != 206:
-                raise OpenError(f"{redact(self._url)}: the server ignored a Range request "
-                                f"(HTTP {resp.status}), so a read cannot resume", url=self._url)
-            meta = _meta(resp.headers, offset, resp.status)
-        except BaseException:
-            resp.close()
-            raise
+        meta = self._judge(resp.status, resp.headers, offset, resp.close)
 
         def on_close(finished: bool) -> None:
             resp.release() if finished else resp.close()

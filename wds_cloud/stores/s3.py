@@ -205,8 +205,8 @@ class _S3Source(LoopSource):
         got = run(self._fs.loop, self._build, offset, version)
         self._fetches += 1
         if isinstance(got, _Signed):
-            body = direct.send(got.method, got.url, got.headers, timeout=self._timeout,
-                               verify=got.verify,
+            tls = direct.botocore_tls(got.verify) if got.url.startswith("https:") else None
+            body = direct.send(got.method, got.url, got.headers, timeout=self._timeout, tls=tls,
                                careful=self._fetches > 1)  # a resume: connections fail here
             answer = self._answer(body, offset)
             if answer is not None:

@@ -1,0 +1,185 @@
+"""How ``http(s)://`` reads are sent: by the reading thread (wds_cloud.stores.direct) where the
+options ask for nothing but headers, by aiohttp where they ask for more; the headers asked for
+are sent, redirects are followed without carrying credentials to another host, and TLS is
+verified with the system's certificates.
+
+(What every opener must do, this one included, is in test_contract.py; faults, resumes and
+AIStore's redirects in test_faults.py and test_cloudstores.py, which now go through this path.)
+"""
+
+from __future__ import annotations
+
+import http.server
+import random
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from stores import Store
+from stores.tls import self_signed
+from wds_cloud.errors import WdsCloudError
+from wds_cloud.router import gopen
+from wds_cloud.settings import Settings
+from wds_cloud.stores.aio import AsyncBody
+from wds_cloud.stores.direct import DirectBody
+from wds_cloud.stores.http import _filesystem, _sendable
+
+FAST = Settings(retries=1, retry_backoff=0.01, retry_backoff_max=0.02)
+DATA = random.Random(4).randbytes(3 * 2**20 + 7)
+
+
+@pytest.fixture
+def web(store_factory: Callable[[str], Store]) -> Store:
+    store = store_factory("http")
+    store.put("data.bin", DATA)
+    return store
+
+
+def test_a_read_is_received_by_the_reading_thread(web: Store) -> None:
+    with gopen(web.url("data.bin"), "rb", settings=FAST) as stream:
+        assert isinstance(stream._body, DirectBody)  # not through fsspec's event loop
+        assert stream.read(10) == DATA[:10] and stream.read() == DATA[10:]
+    with gopen(web.url("data.bin"), "rb", settings=FAST, offset=2**20) as stream:
+        assert stream.read() == DATA[2**20:]
+
+
+def _own_client(**kwargs: Any) -> Any:
+    return aiohttp.ClientSession(**kwargs)
+
+
+@pytest.mark.parametrize(("options", "direct"), [
+    ({}, True),
+    ({"headers": {"X-Trace": "1"}}, True),
+    ({"client_kwargs": {"headers": {"X-Trace": "1"}}}, True),
+    ({"client_kwargs": {"trust_env": True}}, False),  # proxies from the environment
+    ({"client_kwargs": {"cookies": {"session": "1"}}}, False),
+    ({"params": {"token": "1"}}, False),
+    ({"ssl": False}, False),
+    ({"get_client": _own_client}, False),
+])
+def test_aiohttp_sends_what_only_it_can(options: dict[str, Any], direct: bool) -> None:
+    assert _sendable(_filesystem({**options, "skip_instance_cache": True})) == direct
+
+
+def test_options_only_aiohttp_honours_still_work(web: Store) -> None:
+    options = {"http": {"client_kwargs": {"trust_env": True}, "skip_instance_cache": True}}
+    with gopen(web.url("data.bin"), "rb", settings=FAST, storage_options=options) as stream:
+        assert isinstance(stream._body, AsyncBody)
+        assert stream.read() == DATA
+
+
+# -- a server that tells what it was sent --------------------------------------------------------
+
+class _Recorder(http.server.ThreadingHTTPServer):
+    """Serves DATA at ``/data.bin`` (ranges, an ETag) and redirects ``/to/<url>`` to ``<url>``;
+    records each request's path and headers."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.seen: list[tuple[str, dict[str, str]]] = []
+
+    @property
+    def base(self) -> str:
+        scheme = "https" if isinstance(self.socket, ssl.SSLSocket) else "http"
+        return f"{scheme}://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _Recorder
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.server.seen.append((self.path, dict(self.headers)))
+        if self.path.startswith("/to/"):
+            self.send_response(307)
+            self.send_header("Location", self.path[len("/to/"):])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        start = int(self.headers.get("Range", "bytes=0-")[len("bytes="):].rstrip("-"))
+        self.send_response(206 if start else 200)
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(DATA) - 1}/{len(DATA)}")
+        self.send_header("Content-Length", str(len(DATA) - start))
+        self.send_header("ETag", '"v1"')
+        self.end_headers()
+        self.wfile.write(DATA[start:])
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _serving(server: _Recorder) -> Iterator[_Recorder]:
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def recorders() -> Iterator[tuple[_Recorder, _Recorder]]:
+    first, second = _Recorder(), _Recorder()
+    gens = [_serving(first), _serving(second)]
+    for gen in gens:
+        next(gen)
+    yield first, second
+    for gen in gens:
+        next(gen, None)
+
+
+def test_headers_are_sent_and_credentials_stay_with_their_host(
+        recorders: tuple[_Recorder, _Recorder]) -> None:
+    first, second = recorders
+    options = {"http": {"headers": {"Authorization": "Bearer s3cret", "X-Trace": "7"},
+                        "client_kwargs": {"headers": {"X-Team": "data"}}}}
+    for target, keeps in ((f"{first.base}/data.bin", True), (f"{second.base}/data.bin", False)):
+        first.seen.clear()
+        second.seen.clear()
+        with gopen(f"{first.base}/to/{target}", "rb", settings=FAST,
+                   storage_options=options) as stream:
+            assert isinstance(stream._body, DirectBody)
+            assert stream.read() == DATA
+        (_, asked), = first.seen[:1]
+        assert asked["Authorization"] == "Bearer s3cret" and asked["X-Team"] == "data"
+        (_, got), = (first.seen[1:] if keeps else second.seen)
+        assert got["X-Trace"] == "7" and got["X-Team"] == "data"
+        assert got.get("Accept-Encoding") == "identity"  # the bytes as stored
+        assert ("Authorization" in got) == keeps
+
+
+def test_a_resumed_read_asks_for_the_same_version(recorders: tuple[_Recorder, _Recorder]) -> None:
+    first, _ = recorders
+    with gopen(f"{first.base}/data.bin", "rb", settings=FAST, offset=1000) as stream:
+        assert stream.read() == DATA[1000:]
+    (_, headers), = first.seen
+    assert headers["Range"] == "bytes=1000-"
+
+
+def test_tls_is_verified_with_the_system_certificates(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    server = _Recorder()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    serving = _serving(server)
+    next(serving)
+    try:
+        url = f"{server.base}/data.bin"
+        with pytest.raises(WdsCloudError, match="certificate verify failed") as info:
+            gopen(url, "rb", settings=FAST)
+        assert "127.0.0.1" in str(info.value)
+        trusting = ssl.create_default_context(cafile=str(cert))  # aiohttp's ``ssl=`` option
+        with gopen(url, "rb", settings=FAST, storage_options={"https": {"ssl": trusting}}) as s:
+            assert isinstance(s._body, AsyncBody) and s.read() == DATA
+    finally:
+        next(serving, None)
