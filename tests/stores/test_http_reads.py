@@ -154,6 +154,7 @@ def test_headers_are_sent_and_credentials_stay_with_their_host(
         (_, got), = (first.seen[1:] if keeps else second.seen)
         assert got["X-Trace"] == "7" and got["X-Team"] == "data"
         assert got.get("Accept-Encoding") == "identity"  # the bytes as stored
+        assert got["User-Agent"].startswith("Python/")  # aiohttp's, as before
         assert ("Authorization" in got) == keeps
 
 

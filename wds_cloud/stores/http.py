@@ -105,7 +105,10 @@ class _HttpSource:
     def _send(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
         """The GET sent and received by this thread, redirects followed (``Authorization``
         and ``Cookie`` are not sent on to another host, as aiohttp does)."""
-        headers = {"Accept-Encoding": "identity", **(self._fs.client_kwargs.get("headers") or {}),
+        from aiohttp.http import SERVER_SOFTWARE  # the User-Agent aiohttp sends
+
+        headers = {"User-Agent": SERVER_SOFTWARE, "Accept-Encoding": "identity",
+                   **(self._fs.client_kwargs.get("headers") or {}),
                    **(self._fs.kwargs.get("headers") or {}), **_range_headers(offset, version)}
         url = str(self._fs.encode_url(self._url))
         for _ in range(_MAX_REDIRECTS + 1):
