@@ -9,6 +9,7 @@ AIStore's redirects in test_faults.py and test_cloudstores.py, which now go thro
 
 from __future__ import annotations
 
+import base64
 import http.server
 import random
 import ssl
@@ -71,6 +72,16 @@ def test_options_only_aiohttp_honours_still_work(web: Store) -> None:
     with gopen(web.url("data.bin"), "rb", settings=FAST, storage_options=options) as stream:
         assert isinstance(stream._body, AsyncBody)
         assert stream.read() == DATA
+
+
+def test_credentials_in_the_url_go_as_basic_auth(recorders: tuple[_Recorder, _Recorder]) -> None:
+    first, _ = recorders
+    url = first.base.replace("http://", "http://reader:pw@") + "/data.bin"
+    with gopen(url, "rb", settings=FAST) as stream:
+        assert isinstance(stream._body, AsyncBody)  # aiohttp turns them into basic auth
+        assert stream.read() == DATA
+    (_, headers), = first.seen
+    assert headers["Authorization"] == "Basic " + base64.b64encode(b"reader:pw").decode()
 
 
 # -- a server that tells what it was sent --------------------------------------------------------

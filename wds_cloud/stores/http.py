@@ -6,7 +6,8 @@ followed, as AIStore's gateway asks (301/307 to a storage node). The GET is sent
 received by the thread that reads the stream (:mod:`~wds_cloud.stores.direct`, as ``curl``
 would: a fifth of the CPU per GB of receiving on aiohttp's loop), unless the options ask for
 what only aiohttp does (``_sendable``: a session or request option other than ``headers``, or a
-client factory of one's own); then aiohttp sends it. A write is spooled and sent as
+client factory of one's own), or the URL holds credentials (``user:password@``, which aiohttp
+sends as basic auth); then aiohttp sends it. A write is spooled and sent as
 one ``PUT`` when the shard is complete, following 307/308 redirects by hand so the body is sent
 only to the final target. Both are retried by :mod:`wds_cloud.stores.retry` (its ``"http"``
 row says which aiohttp errors are transient; :func:`~wds_cloud.stores.retry.status_error` which
@@ -93,7 +94,7 @@ class _HttpSource:
         self._policy = policy
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=policy.timeout, sock_read=policy.timeout)
-        self._direct = _sendable(fs)
+        self._direct = _sendable(fs) and not urlsplit(url).username  # aiohttp: user:pw@ auth
         self._fetches = 0
 
     def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
