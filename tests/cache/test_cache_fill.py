@@ -476,10 +476,16 @@ def test_a_forked_child_does_not_keep_the_parents_download_locked(
     assert stream.read(64 * 1024) == source[: 64 * 1024]
     assert not layout.lock_free(layout.name_for(url))  # downloading: locked
     forked = multiprocessing.get_context("fork")
-    release = forked.Event()
-    child = forked.Process(target=release.wait, args=(WAIT,))
+    ready, release = forked.Event(), forked.Event()
+
+    def child_runs() -> None:
+        ready.set()  # past the fork and its after-fork handlers
+        release.wait(WAIT)
+
+    child = forked.Process(target=child_runs)
     child.start()
     try:
+        assert ready.wait(WAIT)  # (until it has run them, it holds the lock as its parent does)
         stream.close()  # far from the end, nobody along: the download is dropped
         assert wait_downloads(WAIT)
         assert layout.lock_free(layout.name_for(url)), "the forked child holds the entry's lock"
