@@ -274,22 +274,51 @@ class TeeStream(SequentialStream):
         self._pos += n
         return n
 
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes: while this reader is the one pulling from the store, the very
+        ``bytes`` the store's stream returned (written to the fill first), with no buffer of
+        its own to fill and copy."""
+        if size is None or size < 0:
+            return self.readall()
+        if not self.closed and size and self._pos < self._fill.size:
+            with self._lock:
+                if self._fed == self._pos:
+                    data = self._pull_bytes(size)
+                    self._pos += len(data)
+                    return data
+        return cast(bytes, super().read(size))  # behind the pump, or done: as readinto says
+
     def _pull(self, view: memoryview) -> int:
         """The next piece from the store into ``view``, written to the fill (lock held)."""
         try:
             n = self._readinto(view[: self._fill.size - self._fed])
-            if not n:
-                raise TransferError(f"{self._fill.label} ended at byte {self._fed} of "
-                                    f"{self._fill.size}", url=self._fill.label, offset=self._fed)
-            if self._feeding:  # written before the caller sees it: its buffer, not a copy
-                self._feeding = self._fill.write(view[:n])
+            self._feed(view[:n])
         except BaseException as exc:
             self._end(exc)
             raise
-        self._fed += n
+        return n
+
+    def _pull_bytes(self, size: int) -> bytes:
+        """The next piece from the store as the ``bytes`` it returned (lock held)."""
+        try:
+            data = self._remote.read(min(size, self._fill.size - self._fed))
+            self._feed(memoryview(data))
+        except BaseException as exc:
+            self._end(exc)
+            raise
+        return data
+
+    def _feed(self, piece: memoryview) -> None:
+        """``piece`` came from the store: write it to the fill before the caller sees it (its
+        buffer, not a copy), and publish after the last one."""
+        if not len(piece):
+            raise TransferError(f"{self._fill.label} ended at byte {self._fed} of "
+                                f"{self._fill.size}", url=self._fill.label, offset=self._fed)
+        if self._feeding:
+            self._feeding = self._fill.write(piece)
+        self._fed += len(piece)
         if self._fed >= self._fill.size:
             self._end(None)
-        return n
 
     def _skip(self, pos: int) -> None:
         buffer = bytearray(min(pos, 4 << 20))
