@@ -4,7 +4,7 @@
 ``http.py``); ``base.py`` is what the fsspec-backed ones share; ``streams.py`` the resumable
 read stream and the atomic upload; ``aio.py`` the bridge to fsspec's event loop (and the fork
 hooks that keep forked workers off the parent's connections); ``direct.py`` the GETs that
-``s3://`` and ``http(s)://`` send and receive on the reading thread instead. ``retry.py``
+``s3://``, ``gs://`` and ``http(s)://`` send and receive on the reading thread instead. ``retry.py``
 holds every retry decision: the policy, what is transient for each store, the one attempt
 loop that reads, resumes and uploads use, and how a failure is put in words
 (:func:`reason`); ``iostats.py`` the per-process :func:`io_stats` counters.

@@ -1,8 +1,11 @@
 """``gs://`` and ``gcs://`` through gcsfs, on the shared base of :mod:`wds_cloud.stores.base`.
 
-**Reads** are one streaming JSON-API media download per shard on gcsfs's aiohttp session (its
-URL, auth headers and ``userProject``), resumed at the byte where a connection dropped and
-pinned to the generation seen at open by ``generation=``.
+**Reads** are one streaming JSON-API media download per shard with gcsfs's URL, auth headers and
+``userProject``, resumed at the byte where a connection dropped and pinned to the generation
+seen at open by ``generation=``. The GET is sent and its body received by the thread that
+reads the stream (:mod:`~wds_cloud.stores.direct`, as ``curl`` would); gcsfs's aiohttp
+session sends it instead where the session was given options of its own (``session_kwargs``)
+or a client certificate, and when the answer is a redirect.
 
 **Writes**: one media upload up to 32 MiB, else a resumable upload in 16 MiB chunks, cancelled
 when it fails. They are requests of our own on the same session (gcsfs's ``simple_upload``,
@@ -19,10 +22,11 @@ from __future__ import annotations
 import logging
 import re
 from typing import Any, BinaryIO
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from ..errors import OpenError, WdsCloudError
 from ..urls import redact
+from . import direct
 from .aio import AsyncBody
 from .base import (
     CloudOpener,
@@ -42,6 +46,7 @@ from .retry import (
     status_error,
     transient_errors,
 )
+from .streams import Body, ObjectMeta
 
 __all__ = ["GcsOpener"]
 
@@ -52,9 +57,16 @@ _CONTENT_TYPE = "application/octet-stream"
 _KEPT = re.compile(r"bytes=0-(\d+)")
 
 
+def _sendable(fs: Any) -> bool:
+    """Whether GETs of ``fs`` may be sent by :mod:`~wds_cloud.stores.direct`: not when its
+    aiohttp session was given options (a connector, proxies...) or a client certificate."""
+    return not fs.session_kwargs and not getattr(fs, "_use_client_cert", False)
+
+
 class _GcsSource(LoopSource):
     """One GCS object as a :class:`~wds_cloud.stores.streams.RangeSource` (JSON API media
-    download).
+    download): sent by the reading thread (``_send``) where gcsfs's session adds nothing,
+    else on it (``_get``).
 
     The generation pins every fetch, so ``version`` adds nothing."""
 
@@ -64,8 +76,50 @@ class _GcsSource(LoopSource):
         super().__init__(fs, url)
         self._path = fs._strip_protocol(url)
         self._generation: str | None = fs.split_path(url)[2]
+        self._policy = policy
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=policy.timeout,
                                               sock_read=policy.timeout)
+        self._direct = _sendable(fs)
+        self._fetches = 0
+
+    def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
+        self._fetches += 1
+        if self._direct:
+            got = self._send(offset)
+            if got is not None:
+                return got
+        return super().fetch(offset, version)
+
+    def _send(self, offset: int) -> tuple[Body, ObjectMeta] | None:
+        """The GET with gcsfs's URL, headers (its credentials refreshed as it would) and
+        ``userProject``, sent and received by this thread; None for a redirect."""
+        fs = self._fs
+        url = fs.url(self._path, generation=self._generation)
+        params = fs._get_params({})
+        if params:
+            url += "&" + urlencode(params)
+        headers = fs._get_headers({"Range": f"bytes={offset}-"} if offset else {})
+        body = direct.send("GET", url, headers, timeout=self._policy.timeout,
+                           careful=self._fetches > 1)  # a resume: connections fail here
+        if 300 <= body.status < 400:  # aiohttp follows it
+            body.close()
+            return None
+        return body, self._judge(body.status, body.headers, offset, body.close)
+
+    def _judge(self, status: int, headers: Any, offset: int, close: Any) -> ObjectMeta:
+        """What an answer says of the object, or (``close`` called) the error it is."""
+        try:
+            if status >= 400:  # a pinned generation that is gone: replaced or deleted
+                status = 412 if status == 404 and offset else status
+                raise status_error(status, self._url, "reading", offset=offset)
+            if offset and status != 206:
+                raise range_ignored(self._url, status)
+        except BaseException:
+            close()
+            raise
+        generation = headers.get("x-goog-generation")
+        self._generation = self._generation or generation
+        return header_meta(headers, offset, generation or headers.get("ETag"))
 
     async def _get(self, offset: int, version: str | None) -> Fetched:
         fs = self._fs
@@ -77,18 +131,7 @@ class _GcsSource(LoopSource):
                                      params=fs._get_params({}), timeout=self._timeout)
         except transient_errors("gcs") as exc:
             raise RetryableError(f"cannot connect for {redact(self._url)}: {reason(exc)}") from exc
-        try:
-            if resp.status >= 400:  # a pinned generation that is gone: replaced or deleted
-                status = 412 if resp.status == 404 and offset else resp.status
-                raise status_error(status, self._url, "reading", offset=offset)
-            if offset and resp.status != 206:
-                raise range_ignored(self._url, resp.status)
-        except BaseException:
-            resp.close()
-            raise
-        generation = resp.headers.get("x-goog-generation")
-        self._generation = self._generation or generation
-        meta = header_meta(resp.headers, offset, generation or resp.headers.get("ETag"))
+        meta = self._judge(resp.status, resp.headers, offset, resp.close)
         return AsyncBody(fs.loop, resp.content.read, releaser(resp),
                          errors=transient_errors("gcs")), meta
 
