@@ -7,12 +7,15 @@ test_faults.py and test_cloudstores.py, which go through this path.)"""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from stores import FaultProxy, Store
+from stores.procs import child_env
 from wds_cloud.router import gopen
 from wds_cloud.settings import Settings
 from wds_cloud.stores.aio import AsyncBody
@@ -72,3 +75,29 @@ def test_the_direct_get_is_gcsfs_own(gs: Store, fault_proxy: Callable[..., Fault
     assert get.path.startswith("/download/storage/v1/b/") and get.path.endswith("/o/data.bin")
     assert "alt=media" in get.query and "userProject=billed-project" in get.query
     assert get.range == "bytes=100-" and get.status == 206
+
+
+_DEFAULT_CLASS = """
+from wds_cloud.errors import ConfigError
+from wds_cloud.stores.gcs import GcsOpener
+options = {"endpoint_url": "http://127.0.0.1:9", "token": "anon", "project": "p"}
+print(type(GcsOpener().filesystem("gs://b/k", options, timeout=5)).__name__)
+try:
+    GcsOpener().filesystem("gs://b/k", {"endpoint_ur": "http://127.0.0.1:9"}, timeout=5)
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+def test_options_are_checked_against_the_class_gcsfs_uses_by_default() -> None:
+    # without GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false (which the tests set: that class asks
+    # the emulator for its bucket type over gRPC and waits a minute), gcsfs's ``gs`` class
+    # is ExtendedGcsFileSystem, which names only its own options and hands the rest on
+    env = child_env()
+    env.pop("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", None)
+    done = subprocess.run([sys.executable, "-c", _DEFAULT_CLASS], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    made, refused = done.stdout.splitlines()
+    assert made == "ExtendedGcsFileSystem"
+    assert "has no option 'endpoint_ur'; did you mean 'endpoint_url'?" in refused

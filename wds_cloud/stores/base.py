@@ -135,6 +135,22 @@ def parameters(init: Any) -> frozenset[str]:
                      if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
 
 
+def class_options(cls: type) -> frozenset[str]:
+    """The keyword arguments ``cls(...)`` takes by name: those of its ``__init__`` and, while
+    an ``__init__`` hands ``**kwargs`` on, of its bases' (gcsfs's ``ExtendedGcsFileSystem``,
+    its ``gs`` class by default, names only its own and passes the rest to
+    ``GCSFileSystem``)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        names |= parameters(init)
+        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            break
+    return frozenset(names)
+
+
 def _scrub(text: str, options: dict[str, Any]) -> str:
     """``text`` with the string values of ``options`` (keys, connection strings) hidden."""
     values = [v for v in options.values() if isinstance(v, str)]
@@ -201,7 +217,7 @@ class CloudOpener:
         import fsspec
 
         cls = fsspec.get_filesystem_class(self.protocol)
-        known = _FSSPEC_OPTIONS | parameters(cls.__init__)
+        known = _FSSPEC_OPTIONS | class_options(cls)
         for name in storage_options:
             if name not in known and not self._passes(name):
                 close = difflib.get_close_matches(name, sorted(known), n=1)
