@@ -1,7 +1,7 @@
 # ruff: noqa: RUF001, RUF002  (the report prints the multiplication sign on purpose)
 """Benchmark: the cloud openers against baselines measured in the same run, on local servers.
 
-    python tests/bench/bench_cloud.py [--quick] [--only http,s3,readahead]
+    python tests/bench/bench_cloud.py [--quick] [--only http,s3,gs,readahead]
 
 1. ``http``: one big shard from nginx through our HTTP opener, against ``curl -s URL`` of the
    same object from the same nginx (target ≥ 0.9×).
@@ -10,7 +10,10 @@
    reads a stream (``read`` of its piece size), against ``curl --aws-sigv4`` of the same object
    from the same server (target ≥ 0.9×). Our CPU per GB is split between fsspec's event loop
    thread (the HTTP client: one per process, shared by all its streams) and the reading thread.
-3. ``readahead``: 64 shards of 4 MB behind a proxy that delays each response's first byte by
+3. ``gs``: one big object from fake-gcs-server (in memory) through ``gs://``, read as the tar
+   reader reads, against ``curl`` of the same JSON API media download (the URL gcsfs asks
+   for; the emulator wants no credentials) from the same server (target ≥ 0.9×).
+4. ``readahead``: 64 shards of 4 MB behind a proxy that delays each response's first byte by
    50 ms, read by ``WebDataset`` with read-ahead on and off, against the same proxy without
    latency (target ≥ 0.8×).
 
@@ -38,9 +41,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for stores and shardgen
 
-os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # nothing may leave the machine
+# nothing may leave the machine: no cloud-metadata probes (stores.NO_METADATA_ENV)
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("NO_GCE_CHECK", "true")
+os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
+os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
+# gcsfs's default gs class asks the emulator for its bucket type over gRPC and waits 60 s
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+from stores.gcs import GcsServer
 from stores.nginx import NginxServer
 from stores.proxy import FaultProxy
 
@@ -164,6 +173,19 @@ def bench_s3(root: Path, size: int, repeats: int) -> None:
            f"(median of {repeats})", times["ours"], times["curl"], size, "curl --aws-sigv4", 0.9)
 
 
+def bench_gs(size: int, repeats: int) -> None:
+    with GcsServer() as server:
+        store = server.new_store()
+        store.put("big.bin", os.urandom(size))
+        options = store.storage_options
+        media = (f"{server.url}/download/storage/v1/b/{store.bucket}/o/big.bin?alt=media")
+        ours = lambda: read_pieces(wds.gopen(store.url("big.bin"),  # noqa: E731
+                                             storage_options=options))
+        times = interleaved({"curl": _curl(media), "ours": ours}, repeats, loop=True)
+    report(f"gs {size // MB} MB from fake-gcs-server, read({CHUNK_SIZE >> 20} MiB) "
+           f"(median of {repeats})", times["ours"], times["curl"], size, "curl", 0.9)
+
+
 def _shards(root: Path, count: int, size: int) -> list[str]:
     per_member = 2**20
     names = []
@@ -221,7 +243,7 @@ def bench_readahead(root: Path, count: int, repeats: int, depth: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller objects, fewer repeats")
-    parser.add_argument("--only", default="http,s3,readahead")
+    parser.add_argument("--only", default="http,s3,gs,readahead")
     parser.add_argument("--depth", type=int, default=Settings().readahead,
                         help="shards read ahead (default: the WDS_READAHEAD default)")
     args = parser.parse_args()
@@ -231,6 +253,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="wds-bench-cloud-") as tmp:
         for name, run in (("http", lambda d: bench_http(d, size, repeats)),
                           ("s3", lambda d: bench_s3(d, size, repeats)),
+                          ("gs", lambda d: bench_gs(size, repeats)),
                           ("readahead", lambda d: bench_readahead(d, 16 if args.quick else 64,
                                                                   repeats, args.depth))):
             if name in chosen:
