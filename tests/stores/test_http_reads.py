@@ -15,6 +15,7 @@ import random
 import ssl
 import threading
 from collections.abc import Callable, Iterator
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +88,15 @@ def test_credentials_in_the_url_go_as_basic_auth(recorders: tuple[_Recorder, _Re
 # -- a server that tells what it was sent --------------------------------------------------------
 
 class _Recorder(http.server.ThreadingHTTPServer):
-    """Serves DATA at ``/data.bin`` (ranges, an ETag) and redirects ``/to/<url>`` to ``<url>``;
-    records each request's path and headers."""
+    """Serves DATA at ``/data.bin`` (ranges, an ETag) and redirects ``/to/<url>`` to ``<url>``
+    (and ``/space`` to a Location with a space in it); records each request's path and
+    headers."""
 
     daemon_threads = True
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.seen: list[tuple[str, dict[str, str]]] = []
+        self.seen: list[tuple[str, Message]] = []  # (path, headers: case-insensitive)
 
     @property
     def base(self) -> str:
@@ -107,7 +109,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
-        self.server.seen.append((self.path, dict(self.headers)))
+        self.server.seen.append((self.path, self.headers))
+        if self.path == "/space":  # a Location as some servers send it: not encoded
+            self.send_response(302)
+            self.send_header("Location", "/data.bin?x=1 2")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path.startswith("/to/"):
             self.send_response(307)
             self.send_header("Location", self.path[len("/to/"):])
@@ -151,7 +159,8 @@ def recorders() -> Iterator[tuple[_Recorder, _Recorder]]:
 def test_headers_are_sent_and_credentials_stay_with_their_host(
         recorders: tuple[_Recorder, _Recorder]) -> None:
     first, second = recorders
-    options = {"http": {"headers": {"Authorization": "Bearer s3cret", "X-Trace": "7"},
+    options = {"http": {"headers": {"Authorization": "Bearer s3cret", "X-Trace": "7",
+                                    "user-agent": "trainer/1", "accept-encoding": "gzip"},
                         "client_kwargs": {"headers": {"X-Team": "data"}}}}
     for target, keeps in ((f"{first.base}/data.bin", True), (f"{second.base}/data.bin", False)):
         first.seen.clear()
@@ -164,8 +173,8 @@ def test_headers_are_sent_and_credentials_stay_with_their_host(
         assert asked["Authorization"] == "Bearer s3cret" and asked["X-Team"] == "data"
         (_, got), = (first.seen[1:] if keeps else second.seen)
         assert got["X-Trace"] == "7" and got["X-Team"] == "data"
-        assert got.get("Accept-Encoding") == "identity"  # the bytes as stored
-        assert got["User-Agent"].startswith("Python/")  # aiohttp's, as before
+        assert got.get("Accept-Encoding") == "identity"  # the bytes as stored, always
+        assert got.get_all("User-Agent") == ["trainer/1"]  # the options' own, once
         assert ("Authorization" in got) == keeps
 
 
@@ -175,6 +184,15 @@ def test_a_resumed_read_asks_for_the_same_version(recorders: tuple[_Recorder, _R
         assert stream.read() == DATA[1000:]
     (_, headers), = first.seen
     assert headers["Range"] == "bytes=1000-"
+    assert headers["User-Agent"].startswith("Python/")  # aiohttp's, as before
+
+
+def test_a_location_with_a_space_is_encoded(recorders: tuple[_Recorder, _Recorder]) -> None:
+    first, _ = recorders
+    with gopen(f"{first.base}/space", "rb", settings=FAST) as stream:
+        assert stream.read() == DATA
+    # encoded as aiohttp encodes it (yarl: a space in a query is "+")
+    assert [path for path, _ in first.seen] == ["/space", "/data.bin?x=1+2"]
 
 
 def test_tls_is_verified_with_the_system_certificates(tmp_path: Path) -> None:

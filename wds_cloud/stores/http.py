@@ -4,7 +4,7 @@ A read is one streaming GET; a dropped connection is resumed with ``Range: bytes
 ``If-Match`` on the ETag seen at open (see :mod:`wds_cloud.stores.streams`). Redirects are
 followed, as AIStore's gateway asks (301/307 to a storage node). The GET is sent and its body
 received by the thread that reads the stream (:mod:`~wds_cloud.stores.direct`, as ``curl``
-would: a fifth of the CPU per GB of receiving on aiohttp's loop), unless the options ask for
+would: less than half the CPU per GB of receiving on aiohttp's loop), unless the options ask for
 what only aiohttp does (``_sendable``: a session or request option other than ``headers``, or a
 client factory of one's own), or the URL holds credentials (``user:password@``, which aiohttp
 sends as basic auth); then aiohttp sends it. A write is spooled and sent as
@@ -72,6 +72,16 @@ def _sendable(fs: Any) -> bool:
             and set(fs.kwargs) <= {"headers"})
 
 
+def _merged(*layers: Any) -> dict[str, str]:
+    """Headers from ``layers``, a later one's value replacing an earlier one's whatever the
+    case of its name (as aiohttp merges them)."""
+    merged: dict[str, tuple[str, str]] = {}
+    for layer in layers:
+        for name, value in layer.items():
+            merged[name.lower()] = (name, value)
+    return dict(merged.values())
+
+
 def _range_headers(offset: int, version: str | None) -> dict[str, str]:
     if not offset:
         return {}
@@ -108,9 +118,11 @@ class _HttpSource:
         and ``Cookie`` are not sent on to another host, as aiohttp does)."""
         from aiohttp.http import SERVER_SOFTWARE  # the User-Agent aiohttp sends
 
-        headers = {"User-Agent": SERVER_SOFTWARE, "Accept-Encoding": "identity",
-                   **(self._fs.client_kwargs.get("headers") or {}),
-                   **(self._fs.kwargs.get("headers") or {}), **_range_headers(offset, version)}
+        # the bytes as stored (offsets of resumes count them), whatever the options ask
+        headers = _merged({"User-Agent": SERVER_SOFTWARE},
+                          self._fs.client_kwargs.get("headers") or {},
+                          self._fs.kwargs.get("headers") or {},
+                          {"Accept-Encoding": "identity"}, _range_headers(offset, version))
         url = str(self._fs.encode_url(self._url))
         for _ in range(_MAX_REDIRECTS + 1):
             body = direct.send("GET", url, headers, timeout=self._policy.timeout,
@@ -119,7 +131,7 @@ class _HttpSource:
             if body.status not in _REDIRECTS or not location:
                 return body, self._judge(body.status, body.headers, offset, body.close)
             body.close()
-            target = urljoin(url, location)
+            target = str(self._fs.encode_url(urljoin(url, location)))
             if urlsplit(target).netloc != urlsplit(url).netloc:
                 headers = {k: v for k, v in headers.items()
                            if k.lower() not in ("authorization", "cookie")}
