@@ -67,7 +67,8 @@ class FlakySource:
     versions: list[str] = field(default_factory=lambda: ["v1"])
     offsets: list[int] = field(default_factory=list)
 
-    def fetch(self, offset: int, version: str | None) -> tuple[_Body, ObjectMeta]:
+    def fetch(self, offset: int, version: str | None, *,
+              resumed: bool = False) -> tuple[_Body, ObjectMeta]:
         if self.fail_fetches:
             self.fail_fetches -= 1
             raise RetryableError("HTTP 503", status=503)
@@ -151,7 +152,8 @@ def test_closing_from_another_thread_ends_a_read_without_resuming() -> None:
     fetches: list[int] = []
 
     class Source:
-        def fetch(self, offset: int, version: str | None) -> tuple[_HangingBody, ObjectMeta]:
+        def fetch(self, offset: int, version: str | None, *,
+                  resumed: bool = False) -> tuple[_HangingBody, ObjectMeta]:
             fetches.append(offset)
             return _HangingBody(), ObjectMeta(size=len(DATA), version="v1")
 

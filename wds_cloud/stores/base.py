@@ -169,7 +169,8 @@ class LoopSource:
         self._fs = fs
         self._url = url
 
-    def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
+    def fetch(self, offset: int, version: str | None, *,
+              resumed: bool = False) -> tuple[Body, ObjectMeta]:
         return cast(Fetched, run(self._fs.loop, self._get, offset, version))
 
     async def _get(self, offset: int, version: str | None) -> Fetched:

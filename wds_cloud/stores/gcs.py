@@ -80,17 +80,16 @@ class _GcsSource(LoopSource):
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=policy.timeout,
                                               sock_read=policy.timeout)
         self._direct = _sendable(fs)
-        self._fetches = 0
 
-    def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
-        self._fetches += 1
+    def fetch(self, offset: int, version: str | None, *,
+              resumed: bool = False) -> tuple[Body, ObjectMeta]:
         if self._direct:
-            got = self._send(offset)
+            got = self._send(offset, careful=resumed)
             if got is not None:
                 return got
         return super().fetch(offset, version)
 
-    def _send(self, offset: int) -> tuple[Body, ObjectMeta] | None:
+    def _send(self, offset: int, *, careful: bool) -> tuple[Body, ObjectMeta] | None:
         """The GET with gcsfs's URL, headers (its credentials refreshed as it would) and
         ``userProject``, sent and received by this thread; None for a redirect."""
         fs = self._fs
@@ -99,8 +98,7 @@ class _GcsSource(LoopSource):
         if params:
             url += "&" + urlencode(params)
         headers = fs._get_headers({"Range": f"bytes={offset}-"} if offset else {})
-        body = direct.send("GET", url, headers, timeout=self._policy.timeout,
-                           careful=self._fetches > 1)  # a resume: connections fail here
+        body = direct.send("GET", url, headers, timeout=self._policy.timeout, careful=careful)
         if 300 <= body.status < 400:  # aiohttp follows it
             body.close()
             return None

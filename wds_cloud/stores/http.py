@@ -105,15 +105,15 @@ class _HttpSource:
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=policy.timeout, sock_read=policy.timeout)
         self._direct = _sendable(fs) and not urlsplit(url).username  # aiohttp: user:pw@ auth
-        self._fetches = 0
 
-    def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
-        self._fetches += 1
+    def fetch(self, offset: int, version: str | None, *,
+              resumed: bool = False) -> tuple[Body, ObjectMeta]:
         if self._direct:
-            return self._send(offset, version)
+            return self._send(offset, version, careful=resumed)
         return cast(tuple[Body, ObjectMeta], run(self._fs.loop, self._get, offset, version))
 
-    def _send(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
+    def _send(self, offset: int, version: str | None, *,
+              careful: bool) -> tuple[Body, ObjectMeta]:
         """The GET sent and received by this thread, redirects followed (``Authorization``
         and ``Cookie`` are not sent on to another host, as aiohttp does)."""
         from aiohttp.http import SERVER_SOFTWARE  # the User-Agent aiohttp sends
@@ -126,7 +126,7 @@ class _HttpSource:
         url = str(self._fs.encode_url(self._url))
         for _ in range(_MAX_REDIRECTS + 1):
             body = direct.send("GET", url, headers, timeout=self._policy.timeout,
-                               careful=self._fetches > 1)  # a resume: connections fail here
+                               careful=careful)
             location = body.headers.get("Location")
             if body.status not in _REDIRECTS or not location:
                 return body, self._judge(body.status, body.headers, offset, body.close)

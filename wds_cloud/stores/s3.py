@@ -199,15 +199,14 @@ class _S3Source(LoopSource):
         super().__init__(fs, url)
         self._bucket, self._key, self._version_id = fs.split_path(url)
         self._timeout = policy.timeout
-        self._fetches = 0
 
-    def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]:
+    def fetch(self, offset: int, version: str | None, *,
+              resumed: bool = False) -> tuple[Body, ObjectMeta]:
         got = run(self._fs.loop, self._build, offset, version)
-        self._fetches += 1
         if isinstance(got, _Signed):
             tls = direct.botocore_tls(got.verify) if got.url.startswith("https:") else None
             body = direct.send(got.method, got.url, got.headers, timeout=self._timeout, tls=tls,
-                               careful=self._fetches > 1)  # a resume: connections fail here
+                               careful=resumed)
             answer = self._answer(body, offset)
             if answer is not None:
                 return answer

@@ -70,14 +70,17 @@ class RangeSource(Protocol):
     """One remote object, readable from any offset.
 
     ``fetch`` starts one streaming GET from ``offset`` to the end, conditional on ``version``
-    when given and the store can make it so (If-Match, ``generation=``). It raises
+    when given and the store can make it so (If-Match, ``generation=``); ``resumed`` says the
+    GET goes on with a transfer that failed (connections fail here: a store may read such a
+    body more carefully, see :class:`~wds_cloud.stores.direct.DirectBody`). It raises
     :class:`~wds_cloud.errors.ShardNotFoundError` or
     :class:`~wds_cloud.errors.AccessDeniedError` for answers that retrying cannot change,
     :class:`~wds_cloud.stores.retry.RetryableError` (or ``ConnectionError``/``TimeoutError``)
     for those it can.
     """
 
-    def fetch(self, offset: int, version: str | None) -> tuple[Body, ObjectMeta]: ...
+    def fetch(self, offset: int, version: str | None, *,
+              resumed: bool = False) -> tuple[Body, ObjectMeta]: ...
 
 
 class ResumableStream(SequentialStream):
@@ -156,7 +159,7 @@ class ResumableStream(SequentialStream):
             self._check_open()
             retrier.attempt(resume=not first)
             try:
-                body, meta = self._source.fetch(self._pos, self._version)
+                body, meta = self._source.fetch(self._pos, self._version, resumed=not first)
             except TRANSIENT as exc:
                 retrier.wait(exc)
                 continue
