@@ -7,8 +7,8 @@ stores are :mod:`wds_cloud.stores.s3`, :mod:`wds_cloud.stores.gcs` and
 
 **Reads** are one streaming GET per shard on that filesystem's own async client (not fsspec's
 buffered files, which make a request per block), behind a :class:`LoopSource`; for ``s3://``
-the client builds and signs the GET and the reading thread sends it
-(:mod:`wds_cloud.stores.s3`). :class:`~wds_cloud.stores.streams.ResumableStream` retries and
+and ``gs://`` the store's client builds (and signs) the GET and the reading thread sends it
+(:mod:`wds_cloud.stores.direct`). :class:`~wds_cloud.stores.streams.ResumableStream` retries and
 resumes at the byte where a connection dropped, pinned to the version seen at open.
 
 **Writes** are spooled by :class:`~wds_cloud.stores.streams.AtomicUpload` and sent when the

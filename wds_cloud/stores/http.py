@@ -30,6 +30,7 @@ from ..errors import OpenError
 from ..urls import redact
 from . import direct
 from .aio import AsyncBody, guard_forks, run
+from .base import range_ignored, releaser
 from .retry import (
     Retrier,
     RetryableError,
@@ -145,8 +146,7 @@ class _HttpSource:
             if status >= 400:
                 raise status_error(status, self._url, "reading", offset=offset)
             if offset and status != 206:
-                raise OpenError(f"{redact(self._url)}: the server ignored a Range request "
-                                f"(HTTP {status}), so a read cannot resume", url=self._url)
+                raise range_ignored(self._url, status)
             return _meta(headers, offset, status)
         except BaseException:
             close()
@@ -162,11 +162,7 @@ class _HttpSource:
         except transient_errors("http") as exc:
             raise RetryableError(f"cannot connect for {redact(self._url)}: {reason(exc)}") from exc
         meta = self._judge(resp.status, resp.headers, offset, resp.close)
-
-        def on_close(finished: bool) -> None:
-            resp.release() if finished else resp.close()
-
-        return AsyncBody(self._fs.loop, resp.content.read, on_close), meta
+        return AsyncBody(self._fs.loop, resp.content.read, releaser(resp)), meta
 
 
 class HttpOpener:

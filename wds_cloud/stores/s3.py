@@ -47,6 +47,7 @@ from .base import (
     Fetched,
     LoopSource,
     Request,
+    header_meta,
     object_size,
     parameters,
     range_ignored,
@@ -239,9 +240,7 @@ class _S3Source(LoopSource):
                 body.close()
                 raise range_ignored(self._url, status)
             self._version_id = self._version_id or headers.get("x-amz-version-id")
-            return body, ObjectMeta(object_size(headers.get("Content-Range"),
-                                                headers.get("Content-Length"), offset),
-                                    headers.get("ETag"))
+            return body, header_meta(headers, offset, headers.get("ETag"))
         if status < 401:  # a redirect, or a 400 such as a wrong region: botocore follows them
             body.close()
             return None

@@ -277,9 +277,7 @@ def _plain_header(reader: _Reader) -> tuple[str, int, int] | None:
         return None
     if not checksum_ok(header):
         return None
-    nul = header.find(0, 0, 100)
-    return (header[:nul if nul >= 0 else 100].decode("utf-8", "surrogateescape"), size,
-            reader.off + pos)
+    return header_name(header), size, reader.off + pos
 
 
 def _large_members(reader: _Reader, marks: list[Marks] | None, compressed: bool,
