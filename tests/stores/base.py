@@ -142,6 +142,11 @@ class Store(ContractStore):
     flavor: str = "plain"
     origin: str | None = None
 
+    def holding(self, key: str, data: bytes) -> Store:
+        """This store, with ``data`` put under ``key`` (for fixtures)."""
+        self.put(key, data)
+        return self
+
     def denied_url(self, key: str) -> str:
         raise NotImplementedError(f"the {self.name} store cannot produce a 403")
 

@@ -28,23 +28,11 @@ DATA = random.Random(5).randbytes(3 * 2**20 + 11)
 
 @pytest.fixture
 def gs(store_factory: Callable[[str], Store]) -> Store:
-    store = store_factory("gs")
-    store.put("data.bin", DATA)
-    return store
+    return store_factory("gs").holding("data.bin", DATA)
 
 
 def _options(store: Store, **extra: Any) -> dict[str, Any]:
     return {"gs": {**store.storage_options["gs"], "skip_instance_cache": True, **extra}}
-
-
-def test_a_read_is_received_by_the_reading_thread(gs: Store) -> None:
-    with gopen(gs.url("data.bin"), "rb", settings=FAST,
-               storage_options=gs.storage_options) as stream:
-        assert isinstance(stream._body, DirectBody)  # not through fsspec's event loop
-        assert stream.read(10) == DATA[:10] and stream.read() == DATA[10:]
-    with gopen(gs.url("data.bin"), "rb", settings=FAST, storage_options=gs.storage_options,
-               offset=2**20) as stream:
-        assert stream.read() == DATA[2**20:]
 
 
 @pytest.mark.parametrize(("extra", "direct"), [

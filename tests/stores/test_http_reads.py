@@ -37,17 +37,7 @@ DATA = random.Random(4).randbytes(3 * 2**20 + 7)
 
 @pytest.fixture
 def web(store_factory: Callable[[str], Store]) -> Store:
-    store = store_factory("http")
-    store.put("data.bin", DATA)
-    return store
-
-
-def test_a_read_is_received_by_the_reading_thread(web: Store) -> None:
-    with gopen(web.url("data.bin"), "rb", settings=FAST) as stream:
-        assert isinstance(stream._body, DirectBody)  # not through fsspec's event loop
-        assert stream.read(10) == DATA[:10] and stream.read() == DATA[10:]
-    with gopen(web.url("data.bin"), "rb", settings=FAST, offset=2**20) as stream:
-        assert stream.read() == DATA[2**20:]
+    return store_factory("http").holding("data.bin", DATA)
 
 
 def _own_client(**kwargs: Any) -> Any:

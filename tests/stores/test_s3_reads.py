@@ -37,24 +37,12 @@ ProxyFactory = Callable[..., FaultProxy]
 
 @pytest.fixture
 def s3(store_factory: Callable[[str], Store]) -> Store:
-    store = store_factory("s3")
-    store.put("data.bin", DATA)
-    return store
+    return store_factory("s3").holding("data.bin", DATA)
 
 
 def _plain(store: Store, **config: Any) -> dict[str, Any]:
     """The store's s3fs options, with ``config`` as botocore's config."""
     return {**store.storage_options["s3"], "config_kwargs": config}
-
-
-def test_a_read_is_received_by_the_reading_thread(s3: Store) -> None:
-    with gopen(s3.url("data.bin"), "rb", settings=FAST,
-               storage_options=s3.storage_options) as stream:
-        assert isinstance(stream._body, DirectBody)  # not through fsspec's event loop
-        assert stream.read(10) == DATA[:10] and stream.read() == DATA[10:]
-    with gopen(s3.url("data.bin"), "rb", settings=FAST, storage_options=s3.storage_options,
-               offset=2**20) as stream:
-        assert stream.read() == DATA[2**20:]
 
 
 @pytest.mark.parametrize(("config", "env"), [
