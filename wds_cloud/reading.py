@@ -91,9 +91,8 @@ def read_shards(
     max_bytes = settings.readahead_bytes // max(share, 1)
     worth = getattr(open_stream, "costs_round_trip", None)
     with ReadAhead(open_stream, depth=depth, max_bytes=max_bytes, worth=worth) as ahead:
-        yield from samples_from_shards(ahead.sources(src), handler, select_files,
-                                             rename_files, open_stream=ahead.open,
-                                             cursor=cursor)
+        yield from samples_from_shards(ahead.sources(src), handler, select_files, rename_files,
+                                       open_stream=ahead.open, cursor=cursor)
 
 
 class ShardReader(pipeline.PipelineStage):

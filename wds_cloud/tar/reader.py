@@ -81,7 +81,7 @@ class _Reader:
     """Buffer and position over the (uncompressed) tar bytes; the general, one-header path.
 
     ``ahead`` is how much more than needed :meth:`fill` reads: ``chunk`` while members are
-    small, :data:`BLOCK` (just the next header) while they are large (see :meth:`one_by_one`).
+    small, :data:`BLOCK` (just the next header) while they are large (see :func:`_large_members`).
     """
 
     def __init__(self, read: Callable[[int], bytes], head: bytes, url: str, chunk: int) -> None:
