@@ -102,12 +102,32 @@ class Tracked:
         self.raw.close()
 
 
+class TrackedInto(Tracked):
+    """A :class:`Tracked` stream with ``readinto``: read-ahead then reads into buffers of its
+    own, which it records (``SlowOpener(readinto=True)``)."""
+
+    def readinto(self, buffer: Any) -> int:
+        self._before_read()
+        view = memoryview(buffer).cast("B")
+        if threading.current_thread().name.startswith(THREAD):
+            with self.owner.lock:
+                self.owner.buffers.append(view.obj)
+        if self.owner.fail_after is not None:
+            view = view[:max(0, self.owner.fail_after - self.raw.tell())]
+        n: int = self.raw.readinto(view)
+        self._count(n)
+        return n
+
+
 class SlowOpener:
     """``open_stream`` for tests: the local opener, slowed down, recording what happens."""
 
     def __init__(self, *, delay: float = 0.0, first_byte_delay: float = 0.0,
-                 fail_after: int | None = None, stall: bool = False) -> None:
+                 fail_after: int | None = None, stall: bool = False,
+                 readinto: bool = False) -> None:
         self.delay, self.first_byte_delay, self.fail_after = delay, first_byte_delay, fail_after
+        self.readinto = readinto  # whether its streams have ``readinto``
+        self.buffers: list[Any] = []  # what read-ahead threads read into, in order
         self.stall = threading.Event() if stall else None
         self.lock = threading.Lock()
         self.events: list[tuple[str, str]] = []  # ("open", url) / ("asked", url), in order
@@ -119,7 +139,7 @@ class SlowOpener:
         with self.lock:
             self.events.append(("open", url))
         time.sleep(self.delay)
-        stream = Tracked(LocalOpener().open(url, "rb"), self)
+        stream = (TrackedInto if self.readinto else Tracked)(LocalOpener().open(url, "rb"), self)
         with self.lock:
             self.streams.append(stream)
         return stream
@@ -165,12 +185,13 @@ def _threads_end() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(THREAD)]
 
 
+@pytest.mark.parametrize("readinto", [False, True], ids=["read", "readinto"])
 @pytest.mark.parametrize(("depth", "max_bytes"),
                          [(1, 64 << 20), (2, 100_000), (3, 0), (8, 1 << 20)])
 def test_same_samples_as_without_readahead_and_one_open_each(
-        shards: list[str], depth: int, max_bytes: int) -> None:
+        shards: list[str], depth: int, max_bytes: int, readinto: bool) -> None:
     sources = [{"url": u} for u in shards]
-    opener = SlowOpener(delay=0.005)
+    opener = SlowOpener(delay=0.005, readinto=readinto)
     ras: list[ReadAhead] = []
     got = list(_with_readahead(sources, opener, depth=depth, max_bytes=max_bytes, ras=ras))
     assert got == _baseline(sources)
@@ -220,9 +241,10 @@ def test_sources_yields_the_items_themselves(shards: list[str]) -> None:
     assert ra.stats.hits + ra.stats.waits + ra.stats.direct == 3
 
 
-def test_bytes_in_flight_stay_under_the_bound(shards: list[str]) -> None:
+@pytest.mark.parametrize("readinto", [False, True], ids=["read", "readinto"])
+def test_bytes_in_flight_stay_under_the_bound(shards: list[str], readinto: bool) -> None:
     max_bytes, depth = 150_000, 3
-    opener = SlowOpener(delay=0.01)
+    opener = SlowOpener(delay=0.01, readinto=readinto)
     ras: list[ReadAhead] = []
     got = list(_with_readahead([{"url": u} for u in shards], opener, depth=depth,
                                max_bytes=max_bytes, ras=ras))
@@ -274,11 +296,13 @@ def test_open_error_is_raised_where_the_shard_is_asked_for(shards: list[str]) ->
     assert ra.stats.failed == 1
 
 
+@pytest.mark.parametrize("readinto", [False, True], ids=["read", "readinto"])
 @pytest.mark.parametrize("max_bytes", [200_000, 400_000])
 def test_read_error_after_the_preread_bytes_matches_a_direct_read(
-        shards: list[str], max_bytes: int) -> None:
+        shards: list[str], max_bytes: int, readinto: bool) -> None:
     """The stream breaks after 100 kB: after the pre-read (200 kB for 2 shards ahead) or in
-    it (400 kB): either way the same samples and errors as without read-ahead."""
+    it (400 kB; with ``readinto``, in the middle of a piece, whose bytes before the break are
+    served): either way the same samples and errors as without read-ahead."""
     sources = [{"url": u} for u in shards[:3]]
     fail_after = 100_000  # inside the third sample of each shard (42 kB each)
 
@@ -290,7 +314,7 @@ def test_read_error_after_the_preread_bytes_matches_a_direct_read(
             events.append(("error", exn.url))
             return True
 
-        opener = SlowOpener(fail_after=fail_after)
+        opener = SlowOpener(fail_after=fail_after, readinto=readinto)
         for s in _with_readahead(sources, opener, depth=depth, max_bytes=max_bytes,
                                  handler=handler):
             events.append(("sample", s["__key__"], s["bin"]))
@@ -349,10 +373,11 @@ def test_close_interrupts_a_stalled_read(shards: list[str]) -> None:
     assert all(s.closed for s in opener.streams)
 
 
-def test_prefetched_stream_reads_like_the_file(shards: list[str]) -> None:
+@pytest.mark.parametrize("readinto", [False, True], ids=["read", "readinto"])
+def test_prefetched_stream_reads_like_the_file(shards: list[str], readinto: bool) -> None:
     data = Path(shards[0]).read_bytes()
-    for sizes in ([1, 511, 4096, 70_000, 1 << 20, -1], [100_000, 0, 3]):
-        with ReadAhead(SlowOpener(), depth=1, max_bytes=70_001) as ra:
+    for sizes in ([1, 511, 4096, 70_000, 1 << 20, -1], [100_000, 0, 3], [30_000] * 3):
+        with ReadAhead(SlowOpener(readinto=readinto), depth=1, max_bytes=70_001) as ra:
             for url in ra.sources([shards[0]]):
                 stream = ra.open(url)
                 assert stream.local_path == os.path.abspath(url)  # type: ignore[attr-defined]
@@ -371,6 +396,21 @@ def test_prefetched_stream_reads_like_the_file(shards: list[str]) -> None:
                 assert stream.closed
         assert b"".join(parts) == data
         assert ra.stats.bytes_prefetched == 70_001
+
+
+def test_preread_buffers_are_reused(tmp_path: Path) -> None:
+    """Read-ahead reads into buffers it reuses once their bytes are consumed: over 12 shards,
+    no more buffers than shards in flight, and every byte still the file's."""
+    shards = _make_shards(tmp_path, 12)
+    opener = SlowOpener(readinto=True)
+    depth, share = 2, 100_000
+    got = list(_with_readahead([{"url": u} for u in shards], opener, depth=depth,
+                               max_bytes=depth * share))
+    assert got == _baseline([{"url": u} for u in shards])
+    assert len(opener.buffers) >= len(shards) - depth  # one piece each: 100 kB < 1 MiB
+    distinct = {id(b) for b in opener.buffers}  # all kept alive by the list: ids are unique
+    assert len(distinct) <= depth + 1, (len(distinct), len(opener.buffers))
+    assert all(len(b) == share for b in opener.buffers)
 
 
 def test_lookahead_is_bounded(shards: list[str]) -> None:

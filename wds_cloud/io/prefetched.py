@@ -11,6 +11,9 @@ a shard it pre-read. Contract of the returned stream:
   the next ``read`` in the same way, so a read never loses bytes.
 - ``on_drained`` is called once, when the pre-read bytes are all served or the stream is closed
   (the caller gives back its memory budget then).
+- A chunk is ``bytes`` (served as it is when a read takes it whole) or a view of a buffer the
+  caller reuses: ``recycle``, when given, gets each chunk back once its bytes are copied out
+  (or the stream is closed); nothing here refers to it after that.
 - Other attributes (``local_path``, ``name``, …) are ``raw``'s; closing the stream closes ``raw``.
 
 This module is layer-neutral: standard library only.
@@ -26,14 +29,18 @@ from typing import Any, BinaryIO, cast
 __all__ = ["PrefetchedStream", "prefetched_stream"]
 
 
-def prefetched_stream(raw: BinaryIO, chunks: deque[bytes], error: Exception | None,
-                      on_drained: Callable[[], None]) -> BinaryIO:
+Chunk = bytes | memoryview
+
+
+def prefetched_stream(raw: BinaryIO, chunks: deque[Chunk], error: Exception | None,
+                      on_drained: Callable[[], None],
+                      recycle: Callable[[Chunk], None] | None = None) -> BinaryIO:
     """``raw`` itself when there is nothing to serve first (``on_drained`` is called now),
     else a :class:`PrefetchedStream` over it (see the module doc)."""
     if not chunks and error is None:
         on_drained()
         return raw
-    return cast(BinaryIO, PrefetchedStream(raw, chunks, error, on_drained))
+    return cast(BinaryIO, PrefetchedStream(raw, chunks, error, on_drained, recycle))
 
 
 class PrefetchedStream(io.RawIOBase):
@@ -42,11 +49,14 @@ class PrefetchedStream(io.RawIOBase):
     ``chunks`` is consumed in place.
     """
 
-    def __init__(self, raw: BinaryIO, chunks: deque[bytes], error: Exception | None,
-                 on_drained: Callable[[], None]) -> None:
+    def __init__(self, raw: BinaryIO, chunks: deque[Chunk], error: Exception | None,
+                 on_drained: Callable[[], None],
+                 recycle: Callable[[Chunk], None] | None = None) -> None:
         super().__init__()
         self._raw = raw
         self._chunks = chunks
+        self._recycle = recycle
+        self._spent: list[Chunk] = []  # chunks served in full, recycled once copied out
         self._offset = 0  # bytes of chunks[0] already served
         self._error = error
         self._on_drained: Callable[[], None] | None = on_drained
@@ -79,19 +89,31 @@ class PrefetchedStream(io.RawIOBase):
                     if not parts:
                         raise
                     self._error = exc  # serve what we have; the next read raises it
-        data = b"".join(parts)
+        data = b"".join(parts)  # one copy; a whole ``bytes`` chunk alone is not copied
+        self._give_back()
         self._pos += len(data)
         return data
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        if self._chunks or self._error is not None or not hasattr(self._raw, "readinto"):
+        if self._error is not None or not hasattr(self._raw, "readinto"):
             data = self.read(len(view))
             view[:len(data)] = data
             return len(data)
         self._check_open()
-        n = cast(int, self._raw.readinto(view))
-        self._pos += n or 0
+        if not self._chunks:
+            n = cast(int, self._raw.readinto(view)) or 0
+            self._pos += n
+            return n
+        parts, _ = self._serve(len(view))  # pre-read bytes, copied once, into ``view``
+        n = 0
+        for part in parts:
+            view[n:n + len(part)] = part
+            n += len(part)
+        self._give_back()
+        if not self._chunks:
+            self._drained()
+        self._pos += n
         return n
 
     def close(self) -> None:
@@ -100,26 +122,39 @@ class PrefetchedStream(io.RawIOBase):
         try:
             self._raw.close()
         finally:
+            self._spent.extend(self._chunks)
             self._chunks.clear()
+            self._give_back()
             self._drained()
             super().close()
 
-    def _serve(self, want: int) -> tuple[list[bytes], int]:
-        """Up to ``want`` pre-read bytes (all if negative); returns them and what is still
+    def _serve(self, want: int) -> tuple[list[Chunk], int]:
+        """Up to ``want`` pre-read bytes (all if negative): whole ``bytes`` chunks, or views
+        into chunks to be copied out before :meth:`_give_back`. Returns them and what is still
         wanted (negative: all the rest)."""
-        parts: list[bytes] = []
+        parts: list[Chunk] = []
         while self._chunks and want != 0:
             head = self._chunks[0]
             left = len(head) - self._offset
             take = left if want < 0 else min(want, left)
-            parts.append(head if take == len(head) else head[self._offset:self._offset + take])
+            if take == len(head) and isinstance(head, bytes):
+                parts.append(head)
+            else:
+                parts.append(memoryview(head)[self._offset:self._offset + take])
             self._offset += take
             if take == left:
-                self._chunks.popleft()
+                self._spent.append(self._chunks.popleft())
                 self._offset = 0
             if want > 0:
                 want -= take
         return parts, want
+
+    def _give_back(self) -> None:
+        """Hand the chunks served in full to ``recycle``: their bytes are copied out."""
+        spent, self._spent = self._spent, []
+        if self._recycle is not None:
+            for chunk in spent:
+                self._recycle(chunk)
 
     def _read_raw(self, size: int) -> bytes:
         if self._error is not None:

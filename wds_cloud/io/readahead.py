@@ -21,7 +21,9 @@ Contract:
   ``depth=0``, and hold neither a thread nor memory before.
 - Each prepared shard is opened exactly once with ``open_stream(url)``; then up to
   ``max_bytes // depth`` of its first bytes are read. The pre-read bytes of all shards not yet
-  consumed never exceed ``max_bytes`` (0: open ahead without pre-reading).
+  consumed never exceed ``max_bytes`` (0: open ahead without pre-reading). They are read into
+  buffers (of 1 MiB as a rule) that the ReadAhead reuses once their bytes are consumed: memory
+  the process already touched, not new pages for every byte read ahead.
 - ``open(url)`` returns the stream prepared for the item just yielded, waiting for it if it is
   still being opened; the stream serves the pre-read bytes, then reads on from the underlying
   stream, and forwards other attributes (``local_path``, ``name``, …) to it
@@ -51,7 +53,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 
 from ..errors import ConfigError
 from ..urls import redact
-from .prefetched import prefetched_stream
+from .prefetched import Chunk, prefetched_stream
 
 __all__ = ["ReadAhead", "ReadAheadStats"]
 
@@ -101,7 +103,7 @@ class _Slot:
         self.url = url
         self.state = _QUEUED
         self.stream: BinaryIO | None = None
-        self.chunks: deque[bytes] = deque()
+        self.chunks: deque[Chunk] = deque()
         self.reserved = 0  # bytes of the budget held: reserved before, then pre-read
         self.error: BaseException | None = None  # the open failed
         self.read_error: Exception | None = None  # the pre-read failed after some bytes
@@ -143,6 +145,7 @@ class ReadAhead:
         self._in_flight = 0  # budget held: reserved and pre-read bytes not yet consumed
         self._buffered = 0  # pre-read bytes not yet consumed
         self._stats = ReadAheadStats()
+        self._pieces: list[bytearray] = []  # pre-read buffers whose bytes were consumed
         self._closed = False
         self._started = False
 
@@ -240,7 +243,7 @@ class ReadAhead:
             raise error
         log.debug("read-ahead: %s %s, %d bytes pre-read", redact(slot.url), how, slot.reserved)
         return prefetched_stream(cast(BinaryIO, slot.stream), slot.chunks, slot.read_error,
-                                 partial(self._release, slot.reserved))
+                                 partial(self._release, slot.reserved), self._recycle)
 
     def _count(self, **deltas: float) -> None:
         """Add to the counters (the caller holds the lock)."""
@@ -321,23 +324,68 @@ class ReadAhead:
             slot.reserved = min(self.max_bytes // self.depth, self.max_bytes - self._in_flight)
             self._in_flight += slot.reserved
         got = 0
+        read_into = getattr(stream, "readinto", None)
         try:
             while got < slot.reserved and slot.state == _READING:
-                data = stream.read(min(_PIECE, slot.reserved - got))
+                want = min(_PIECE, slot.reserved - got)
+                data: Chunk
+                error: Exception | None
+                if read_into is None:
+                    data, error = bytes(stream.read(want)), None  # bytes already: no copy
+                else:
+                    data, error = self._read_piece(read_into, want)
                 if not data:
                     break
-                data = bytes(data)  # no copy if it is bytes already
                 slot.chunks.append(data)
                 got += len(data)
                 with self._lock:
                     self._buffered += len(data)
                     self._count(bytes_prefetched=len(data),
                                 peak_bytes=max(0, self._buffered - self._stats.peak_bytes))
+                if error is not None:
+                    raise error
         except Exception as exc:  # raised by read() once the bytes before it were served
             slot.read_error = exc
         with self._lock:
             self._in_flight -= slot.reserved - got
             slot.reserved = got
+
+    def _read_piece(self, read_into: Callable[[memoryview], int | None],
+                    want: int) -> tuple[Chunk, Exception | None]:
+        """Up to ``want`` bytes (fewer only at the end of the stream, or before an error)
+        read into a reused buffer: the view of them, and the error that stopped the read."""
+        with self._lock:
+            piece = self._pieces.pop() if self._pieces else None
+        if piece is None or len(piece) != want:  # the last piece of a share may be smaller
+            piece = bytearray(want)
+        view = memoryview(piece)
+        n = 0
+        try:
+            while n < want:
+                got = read_into(view[n:])
+                if not got:
+                    break
+                n += got
+        except Exception as exc:
+            if n:  # the bytes read before the error are kept: the error comes after them
+                return view[:n], exc
+            self._recycle(view)
+            raise
+        if not n:
+            self._recycle(view)
+        return view[:n], None
+
+    def _recycle(self, chunk: Chunk) -> None:
+        """A pre-read chunk whose bytes are consumed: its buffer is read into again."""
+        if isinstance(chunk, memoryview) and isinstance(chunk.obj, bytearray):
+            piece = chunk.obj
+            try:
+                chunk.release()
+            except BufferError:  # still exported somewhere: never written into again
+                return
+            with self._lock:
+                if not self._closed:
+                    self._pieces.append(piece)
 
     # -- discarding and closing --------------------------------------------------------------
 
@@ -374,6 +422,7 @@ class ReadAhead:
             if self._closed:
                 return
             self._closed = True
+            self._pieces.clear()
             slots = [s for _, s in self._pending if s is not None]
             if self._current is not None:
                 slots.append(self._current)
