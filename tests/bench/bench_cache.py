@@ -16,17 +16,20 @@ default) and counts the bytes:
     their blocks allocated first, then 1 MiB ``os.pwrite`` at a time, in one thread (as a fill
     writes): what writing every byte costs here, the part of (b) that no design of the cache
     can avoid;
+(r), (t): no pipeline at all: each shard fetched from nginx with one ``http.client`` GET and
+    read 1 MiB at a time; (t) also writes each piece to a new file as (w) does and adds it to a
+    CRC-32, in the same thread. (t)/(r) is what writing every byte costs a bare loop here;
 (as), (bs): (a) and (b) through a link shaped to 1 Gbit/s (125 MB/s) shared by all
     connections: the tests' fault proxy (tests/stores/faultproxy.py, ``rate``) in front of
     nginx, as a desktop user's download would be.
 
-Printed, each the median of several interleaved repetitions (a, b, c, d, w, as, bs, a, ...),
-so that drift in the machine's speed hits all alike, with its target: (b)/(a), the first epoch
-through the cache against uncached streaming (≥ 0.9×); (c)/(d), a warm epoch against local
-disk (≥ 0.9×); (bs)/(as), the first epoch on the shaped link (≥ 0.97×); and the CPU seconds per
-GB of this process (all threads, (b)'s writes included) in (b) against (a) (≤ 1.3×), beside
-(a)+(w): reading and writing the same bytes apart, about the least a cache that writes every
-byte can take here.
+Printed, each the median of several interleaved repetitions (a, b, c, d, w, r, t, as, bs, a,
+...), so that drift in the machine's speed hits all alike, with its target: (b)/(a), the first
+epoch through the cache against uncached streaming (≥ 0.9×), beside (t)/(r), the same cost for
+a bare loop; (c)/(d), a warm epoch against local disk (≥ 0.9×); (bs)/(as), the first epoch on
+the shaped link (≥ 0.97×); and the CPU seconds per GB of this process (all threads, (b)'s
+writes included) in (b) against (a) (≤ 1.3×), beside (a)+(w): reading and writing the same
+bytes apart, about the least a cache that writes every byte can take here, and (t) against (r).
 
 The page cache cannot be dropped here: the shards served by nginx (a, b, d) and the cached
 copies (c) are in the page cache, so (c) and (d) compare the same kind of read. Writing new
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import http.client
 import os
 import pstats
 import resource
@@ -57,6 +61,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for stores
 
@@ -68,12 +73,12 @@ from stores.proxy import FaultProxy
 
 import wds_cloud as wds
 from wds_cloud.cache import wait_downloads
-from wds_cloud.cache.layout import preallocate
+from wds_cloud.cache.layout import crc32, preallocate
 
 MB = 10**6
 MEMBER = 2**20
 LINK = 125 * MB  # bytes per second: 1 Gbit/s, shared by all connections through the proxy
-MODES = ("a", "b", "c", "d", "w", "as", "bs")  # the order of each interleaved repetition
+MODES = ("a", "b", "c", "d", "w", "r", "t", "as", "bs")  # the order of each interleaved repetition
 
 
 def make_shards(root: Path, count: int, size: int) -> list[str]:
@@ -112,6 +117,41 @@ def write_files(where: Path, count: int, size: int) -> int:
         finally:
             os.close(fd)
     return count * size
+
+
+def bare_loop(urls: list[str], where: Path | None = None) -> int:
+    """(r): GET each URL with ``http.client`` and read it 1 MiB at a time, nothing parsed; (t),
+    with ``where``: each piece also written to a new file there (blocks allocated first, then
+    ``os.pwrite``) and added to a CRC-32, as a fill does. The bytes read."""
+    checksum = crc32()
+    if where is not None:
+        where.mkdir()
+    total = 0
+    for i, url in enumerate(urls):
+        parts = urlsplit(url)
+        connection = http.client.HTTPConnection(parts.hostname or "", parts.port)
+        try:
+            connection.request("GET", parts.path)
+            response = connection.getresponse()
+            size = int(response.getheader("Content-Length") or 0)
+            fd = (-1 if where is None else
+                  os.open(where / f"t-{i:04d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            try:
+                if fd >= 0:
+                    preallocate(fd, size)
+                at, crc = 0, 0
+                while piece := response.read(MEMBER):
+                    if fd >= 0:
+                        os.pwrite(fd, piece, at)
+                        crc = checksum(piece, crc)
+                    at += len(piece)
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        finally:
+            connection.close()
+        total += at
+    return total
 
 
 def fills_done(timeout: float = 120.0) -> None:
@@ -190,18 +230,21 @@ def run(root: Path, count: int, size: int, repeats: int, profile: bool) -> None:
         fills_done()
         epoch(local)
         epoch(shaped)  # the proxy's connections to nginx are open
-        fresh = iter(str(scratch / f"fresh-{i}") for i in range(3 * repeats))
+        fresh = iter(str(scratch / f"fresh-{i}") for i in range(4 * repeats))
+        served_bytes = sum((served / name).stat().st_size for name in names)  # (r), (t) read
         runs: dict[str, Callable[[], int]] = {
             "a": lambda: epoch(remote), "b": lambda: epoch(remote, next(fresh)),
             "c": lambda: epoch(remote, warm), "d": lambda: epoch(local),
             "w": lambda: write_files(Path(next(fresh)), count, size),
+            "r": lambda: bare_loop(remote), "t": lambda: bare_loop(remote, Path(next(fresh))),
             "as": lambda: epoch(shaped), "bs": lambda: epoch(shaped, next(fresh)),
         }
         times: dict[str, list[float]] = {mode: [] for mode in MODES}
         cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
         for _ in range(repeats):
             for mode in MODES:
-                times[mode].append(timed(runs[mode], total, cpu[mode]))
+                expect = served_bytes if mode in ("r", "t") else total
+                times[mode].append(timed(runs[mode], expect, cpu[mode]))
                 for made in scratch.glob("fresh-*"):
                     shutil.rmtree(made)
         print_results(nginx, count, size, repeats, times, cpu, total)
@@ -213,9 +256,9 @@ def print_results(nginx: NginxServer, count: int, size: int, repeats: int,
                   times: dict[str, list[float]], cpu: dict[str, list[float]],
                   total: int) -> None:
     requests = sum(1 for e in nginx.access_log() if e.method == "GET" and "/cache-bench-" in e.uri)
-    expected = count * (2 + 4 * repeats)  # warm fill, shaped warm-up; each (a), (b), (as), (bs)
+    expected = count * (2 + 6 * repeats)  # warm fill, shaped warm-up; (a), (b), (r), (t), (as), (bs)
     gets = (f"nginx served {requests} shard GETs, one per shard for the warm fill, the shaped "
-            "warm-up and each (a), (b), (as) and (bs) run: the warm epochs made none"
+            "warm-up and each (a), (b), (r), (t), (as) and (bs) run: the warm epochs made none"
             if requests == expected else f"nginx served {requests} shard GETs, {expected} "
             "expected")
     rate = {mode: total / statistics.median(t) / MB for mode, t in times.items()}
@@ -230,6 +273,12 @@ def print_results(nginx: NginxServer, count: int, size: int, repeats: int,
            times["d"], total, "local disk", 0.9)
     report("(bs)/(as) first epoch through the cache vs uncached, on a shaped 1 Gbit/s link",
            times["bs"], times["as"], total, "uncached", 0.97)
+    bare, teed = statistics.median(times["r"]), statistics.median(times["t"])
+    print(f"(t)/(r) a bare loop of GETs read 1 MiB at a time, writing every piece to a new file "
+          f"vs not: {total / teed / MB:,.0f} MB/s vs {total / bare / MB:,.0f} MB/s, ratio "
+          f"{bare / teed:.2f}× (no target: what writing every byte costs in the reading thread "
+          f"on this machine; runs {_spread(times['t'], total)} vs {_spread(times['r'], total)} "
+          f"MB/s; rates count the payload, as above)", flush=True)
     gb = total / 1e9
     per_gb = {mode: statistics.median(v) / gb for mode, v in cpu.items()}
     floor = per_gb["a"] + per_gb["w"]
@@ -237,7 +286,9 @@ def print_results(nginx: NginxServer, count: int, size: int, repeats: int,
           f"{per_gb['b']:.2f} vs {per_gb['a']:.2f}, ratio {per_gb['b'] / per_gb['a']:.2f}× "
           f"(target ≤ 1.3×; median of {repeats}); writing alone (w) takes {per_gb['w']:.2f} "
           f"s/GB here, so reading and writing apart, (a)+(w), take {floor:.2f} s/GB, "
-          f"{floor / per_gb['a']:.2f}× (how warm the pages a write gets are varies)", flush=True)
+          f"{floor / per_gb['a']:.2f}× (how warm the pages a write gets are varies); the bare "
+          f"loop: {per_gb['t']:.2f} vs {per_gb['r']:.2f}, {per_gb['t'] / per_gb['r']:.2f}×",
+          flush=True)
     print("CPU seconds of this process per GB (median [runs]; all threads, the cache's "
           "writes included): " + ", ".join(
               f"({k}) {per_gb[k]:.2f} [{'/'.join(f'{c / gb:.2f}' for c in v)}]"
