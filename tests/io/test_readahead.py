@@ -413,6 +413,32 @@ def test_preread_buffers_are_reused(tmp_path: Path) -> None:
     assert all(len(b) == share for b in opener.buffers)
 
 
+@pytest.mark.parametrize("readinto", [False, True], ids=["read", "readinto"])
+def test_a_shard_read_ahead_to_its_end_reads_to_its_end(shards: list[str], readinto: bool) -> None:
+    """A pre-read that meets the end of the stream: every byte, then an empty read."""
+    data = Path(shards[0]).read_bytes()
+    with ReadAhead(SlowOpener(readinto=readinto), depth=1, max_bytes=1 << 20) as ra:
+        for url in ra.sources([shards[0]]):
+            with ra.open(url) as stream:
+                assert stream.read() == data
+                assert stream.read(10) == b""
+                assert stream.readinto(bytearray(10)) == 0
+        assert ra.stats.bytes_prefetched == len(data)
+
+
+def test_a_share_above_a_mib_is_read_in_whole_mib(tmp_path: Path) -> None:
+    path = tmp_path / "big.bin"
+    data = os.urandom(3 << 20)
+    path.write_bytes(data)
+    opener = SlowOpener(readinto=True)
+    with ReadAhead(opener, depth=1, max_bytes=(5 << 20) // 2) as ra:
+        for url in ra.sources([str(path)]):
+            with ra.open(url) as stream:
+                assert stream.read() == data
+        assert ra.stats.bytes_prefetched == 2 << 20  # 2.5 MiB rounded down
+    assert {len(b) for b in opener.buffers} == {1 << 20}
+
+
 def test_lookahead_is_bounded(shards: list[str]) -> None:
     depth = 2
     opener = SlowOpener(delay=0.05)

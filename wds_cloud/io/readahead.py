@@ -20,10 +20,11 @@ Contract:
   is a round trip away); the others are opened by ``open`` when their turn comes, as with
   ``depth=0``, and hold neither a thread nor memory before.
 - Each prepared shard is opened exactly once with ``open_stream(url)``; then up to
-  ``max_bytes // depth`` of its first bytes are read. The pre-read bytes of all shards not yet
-  consumed never exceed ``max_bytes`` (0: open ahead without pre-reading). They are read into
-  buffers (of 1 MiB as a rule) that the ReadAhead reuses once their bytes are consumed: memory
-  the process already touched, not new pages for every byte read ahead.
+  ``max_bytes // depth`` of its first bytes are read (above 1 MiB, in whole MiB). The pre-read
+  bytes of all shards not yet consumed never exceed ``max_bytes`` (0: open ahead without
+  pre-reading). They are read into buffers of one size (1 MiB, or a shard's share if smaller)
+  that the ReadAhead reuses once their bytes are consumed: memory the process already touched,
+  not new pages for every byte read ahead.
 - ``open(url)`` returns the stream prepared for the item just yielded, waiting for it if it is
   still being opened; the stream serves the pre-read bytes, then reads on from the underlying
   stream, and forwards other attributes (``local_path``, ``name``, …) to it
@@ -321,7 +322,10 @@ class ReadAhead:
         """Reserve a share of the budget, read up to that many bytes while the slot is not
         discarded, then give back the unused part of the budget."""
         with self._lock:
-            slot.reserved = min(self.max_bytes // self.depth, self.max_bytes - self._in_flight)
+            share = self.max_bytes // self.depth
+            if share > _PIECE:  # whole pieces: odd shares measured 5x the page faults
+                share -= share % _PIECE
+            slot.reserved = min(share, self.max_bytes - self._in_flight)
             self._in_flight += slot.reserved
         got = 0
         read_into = getattr(stream, "readinto", None)
@@ -356,9 +360,9 @@ class ReadAhead:
         read into a reused buffer: the view of them, and the error that stopped the read."""
         with self._lock:
             piece = self._pieces.pop() if self._pieces else None
-        if piece is None or len(piece) != want:  # the last piece of a share may be smaller
-            piece = bytearray(want)
-        view = memoryview(piece)
+        if piece is None or len(piece) < want:
+            piece = bytearray(max(want, min(_PIECE, self.max_bytes // max(self.depth, 1))))
+        view = memoryview(piece)[:want]
         n = 0
         try:
             while n < want:
@@ -371,8 +375,9 @@ class ReadAhead:
                 return view[:n], exc
             self._recycle(view)
             raise
-        if not n:
+        if not n:  # the end of the stream
             self._recycle(view)
+            return b"", None
         return view[:n], None
 
     def _recycle(self, chunk: Chunk) -> None:
