@@ -256,7 +256,8 @@ def print_results(nginx: NginxServer, count: int, size: int, repeats: int,
                   times: dict[str, list[float]], cpu: dict[str, list[float]],
                   total: int) -> None:
     requests = sum(1 for e in nginx.access_log() if e.method == "GET" and "/cache-bench-" in e.uri)
-    expected = count * (2 + 6 * repeats)  # warm fill, shaped warm-up; (a), (b), (r), (t), (as), (bs)
+    # the warm fill, the shaped warm-up, then each (a), (b), (r), (t), (as) and (bs)
+    expected = count * (2 + 6 * repeats)
     gets = (f"nginx served {requests} shard GETs, one per shard for the warm fill, the shaped "
             "warm-up and each (a), (b), (r), (t), (as) and (bs) run: the warm epochs made none"
             if requests == expected else f"nginx served {requests} shard GETs, {expected} "
