@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import wds_cloud as wds
 from wds_cloud.cache import ShardCache
 from wds_cloud.cache import admin as cacheadmin
 from wds_cloud.cache.layout import CacheLayout, footprint
-from wds_cloud.errors import TransferError
+from wds_cloud.errors import CacheError, TransferError
 from wds_cloud.settings import Settings
 
 StoreFactory = Callable[[str], Store]
@@ -94,6 +95,40 @@ def test_a_miss_makes_one_get_and_a_hit_none(nginx_server: NginxServer, tmp_path
     for key in keys:  # the entries hold the original bytes
         name = CacheLayout(str(cache)).name_for(store.url(key))
         assert (cache / "data" / name).read_bytes() == _bytes(store, key)
+
+
+def test_a_cache_directory_removed_between_two_runs_is_made_again(
+        nginx_server: NginxServer, tmp_path: Path) -> None:
+    """A user deletes the cache (or a part of it) between two runs in one process: the next
+    run reads the store again and fills the directory anew, as on a first run."""
+    store = nginx_server.new_store()
+    keys, expected, _ = _seed(store, 2)
+    urls = [store.url(k) for k in keys]
+    cache = tmp_path / "cache"
+    assert _keys(_read(urls, cache_dir=str(cache))) == expected
+    assert len(settled(cache)) == 2
+    gets = 1
+    for removed, fetched in ((cache, True), (cache / "locks", False), (cache / "data", True)):
+        shutil.rmtree(removed)
+        assert _keys(_read(urls, cache_dir=str(cache))) == expected
+        assert len(settled(cache)) == 2
+        gets += fetched  # without "locks" the entries are still there: hits
+        log = settled_log(nginx_server)
+        assert [shard_gets(log, _path(store, k)) for k in keys] == [gets, gets], removed
+
+
+def test_a_lock_the_cache_cannot_make_is_a_cache_error_naming_it(
+        nginx_server: NginxServer, tmp_path: Path) -> None:
+    """Not a missing shard: the error names the file in the cache that could not be made."""
+    store = nginx_server.new_store()
+    keys, _, _ = _seed(store, 1)
+    cache = tmp_path / "cache"
+    layout = CacheLayout(str(cache))
+    layout.ensure()
+    lock = Path(layout.lock_path(layout.name_for(store.url(keys[0]))))
+    lock.mkdir()  # a directory where the lock file goes
+    with pytest.raises(CacheError, match=re.escape(str(lock))):
+        _read([store.url(keys[0])], cache_dir=str(cache))
 
 
 def test_same_named_shards_of_two_buckets(

@@ -188,11 +188,14 @@ class CacheLayout:
         return os.path.join(self.root, "locks", name + ".lock")
 
     def ensure(self) -> None:
-        """Create the directory and its subdirectories (once per process and root)."""
-        if self.root in _READY:
+        """Create the directory and its subdirectories; again if they were removed since (a
+        user deleting the cache between two runs in one notebook), else only ``stat`` calls."""
+        if self.root in _READY and all(os.path.isdir(os.path.join(self.root, sub))
+                                       for sub in _SUBDIRS):
             return
+        _NOTED.pop(self.root, None)  # a new directory has no bound.json yet
         try:
-            for sub in ("data", "meta", "partial", "locks"):
+            for sub in _SUBDIRS:
                 os.makedirs(os.path.join(self.root, sub), exist_ok=True)
             tag = os.path.join(self.root, "CACHEDIR.TAG")
             if not os.path.exists(tag):
@@ -238,8 +241,13 @@ class CacheLayout:
             return None
 
     def try_lock(self, name: str) -> int | None:
-        """The entry lock of ``name`` if nobody holds it (a descriptor to :meth:`unlock`)."""
-        return try_flock(self.lock_path(name))
+        """The entry lock of ``name`` if nobody holds it (a descriptor to :meth:`unlock`);
+        :class:`CacheError` naming the lock file if it cannot be made (not the shard's fault)."""
+        path = self.lock_path(name)
+        try:
+            return try_flock(path)
+        except OSError as exc:
+            raise CacheError(f"cannot lock {path!r} in the shard cache: {exc}") from exc
 
     def lock_free(self, name: str) -> bool:
         """Whether nobody holds the entry lock of ``name`` (probed, not kept)."""
@@ -271,6 +279,7 @@ class CacheLayout:
         unlink(self.part_record(name))
 
 
+_SUBDIRS = ("data", "meta", "partial", "locks")
 _READY: set[str] = set()
 #: root -> the bound this process last noted in its bound.json
 _NOTED: dict[str, int] = {}
