@@ -71,11 +71,17 @@ def unsigned_sum(header: bytes) -> int:
 def checksum_ok(header: bytes) -> bool:
     """Whether a 512-byte header's checksum holds (unsigned, or the signed variant)."""
     field = header[148:156]
-    try:  # the usual form is "%06o\0 "
+    if header.isascii():  # no byte >= 128: the sum of all 512 cannot wrap adler32's low half
+        adler = zlib.adler32
+        unsigned = (adler(header) & 0xFFFF) - (adler(field) & 0xFFFF) + 256
+        if field == b"%06o\0 " % unsigned:  # the usual form, as tar and TarWriter write it
+            return True
+    else:
+        unsigned = unsigned_sum(header)
+    try:
         stored = int(field[:6], 8) if field[6:] == b"\0 " else parse_number(field)
     except ValueError:
         return False
-    unsigned = unsigned_sum(header)
     if stored == unsigned:
         return True
     high = sum(1 for b in header[:148] if b >= 128) + sum(1 for b in header[156:] if b >= 128)
