@@ -28,7 +28,7 @@ from wds_cloud.errors import WdsCloudError
 from wds_cloud.router import gopen
 from wds_cloud.settings import Settings
 from wds_cloud.stores.aio import AsyncBody
-from wds_cloud.stores.direct import DirectBody
+from wds_cloud.stores.direct import DirectBody, default_tls
 from wds_cloud.stores.http import _filesystem, _sendable
 
 FAST = Settings(retries=1, retry_backoff=0.01, retry_backoff_max=0.02)
@@ -87,6 +87,9 @@ class _Recorder(http.server.ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.seen: list[tuple[str, Message]] = []  # (path, headers: case-insensitive)
+        self.ports: list[int] = []  # the client's port of each request: its connection
+        self.drop = ""  # "after": close each connection after an answer, without saying so;
+        # "second": close a connection asked a second request, without answering it
 
     @property
     def base(self) -> str:
@@ -100,6 +103,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.seen.append((self.path, self.headers))
+        port = self.client_address[1]
+        if self.server.drop == "second" and port in self.server.ports:
+            self.server.ports.append(port)
+            self.close_connection = True
+            return
+        self.server.ports.append(port)
+        if self.server.drop == "after":
+            self.close_connection = True
         if self.path == "/space":  # a Location as some servers send it: not encoded
             self.send_response(302)
             self.send_header("Location", "/data.bin?x=1 2")
@@ -203,3 +214,56 @@ def test_tls_is_verified_with_the_system_certificates(tmp_path: Path) -> None:
             assert isinstance(s._body, AsyncBody) and s.read() == DATA
     finally:
         next(serving, None)
+
+
+# -- connections kept for the next request ---------------------------------------------------------
+
+def _read_whole(url: str, n: int = -1) -> bytes:
+    with gopen(url, "rb", settings=FAST) as stream:
+        assert isinstance(stream._body, DirectBody)
+        return stream.read(n)
+
+
+def test_objects_read_to_their_end_share_one_connection(
+        recorders: tuple[_Recorder, _Recorder]) -> None:
+    first, _ = recorders
+    for _ in range(4):
+        assert _read_whole(f"{first.base}/data.bin") == DATA
+    assert len(first.ports) == 4 and len(set(first.ports)) == 1
+    assert _read_whole(f"{first.base}/data.bin", 10) == DATA[:10]  # left before its end:
+    assert _read_whole(f"{first.base}/data.bin") == DATA  # that connection was closed
+    assert len(set(first.ports)) == 2 and first.ports[-1] != first.ports[0]
+
+
+def test_tls_connections_are_kept_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cert, key = self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    default_tls.cache_clear()  # loaded again with the test's authority
+    server = _Recorder()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    serving = _serving(server)
+    next(serving)
+    try:
+        for _ in range(3):
+            assert _read_whole(f"{server.base}/data.bin") == DATA
+        assert len(server.ports) == 3 and len(set(server.ports)) == 1  # one handshake
+    finally:
+        next(serving, None)
+        default_tls.cache_clear()
+
+
+@pytest.mark.parametrize("drop", ["after", "second"])
+def test_a_connection_the_server_closed_is_replaced(
+        recorders: tuple[_Recorder, _Recorder], drop: str) -> None:
+    """The server closes a kept connection (after its answer, or when asked again, as an
+    idle timeout does): every read still gets the whole object, on a new connection."""
+    first, _ = recorders
+    first.drop = drop
+    for _ in range(3):
+        assert _read_whole(f"{first.base}/data.bin") == DATA
+    answered = [p for i, p in enumerate(first.ports) if p not in first.ports[:i]]
+    assert len(answered) == 3  # each answer came on a connection of its own
+    if drop == "second":  # the requests the kept connections could not carry were sent again
+        assert len(first.ports) == 5 and len(first.seen) == 5

@@ -13,7 +13,13 @@ What the store's client does beyond that (proxies, client certificates, redirect
 checksums) is not done here: a store uses this path only where none of it applies, and judges
 the answer itself (or hands it back to its client). TLS is verified with the context the store
 gives (:func:`botocore_tls` for S3; by default, Python's default context with the system's CA
-certificates, as aiohttp's). Each body has its own connection, closed with it.
+certificates, as aiohttp's).
+
+A connection whose answer was read to its end (and that the server keeps open) carries the next
+request to the same server, as aiohttp's pool and ``curl`` do: many small objects over TLS then
+pay one handshake, not one each. Idle connections are kept per process, a few per server, for
+a few seconds; one the server closed meanwhile is dropped, and a request it could not carry is
+sent again on a new connection. A body closed before its end closes its connection.
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ import contextlib
 import functools
 import http.client
 import os
+import select
 import socket
 import ssl
+import threading
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from ..urls import redact
@@ -35,6 +44,65 @@ __all__ = ["DirectBody", "botocore_tls", "default_tls", "send"]
 
 _ERROR_TEXT = 64 * 1024  # of an error's body, enough for its XML
 _SLICE = 1 << 20  # the most a failure loses of what has arrived (see DirectBody)
+_IDLE_MAX = 8  # idle connections kept per server
+_IDLE_SECONDS = 10.0  # kept idle at most this long (servers close theirs after 5 s to minutes)
+
+#: a server as connections to it are kept: scheme, host, port, the TLS context (None: http)
+Server = tuple[str, str, int | None, ssl.SSLContext | None]
+
+
+class _Idle:
+    """The idle connections of one process (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conns: dict[Server, list[tuple[http.client.HTTPConnection, float]]] = {}
+
+    def take(self, server: Server) -> http.client.HTTPConnection | None:
+        """An idle connection to ``server`` that is still open, or None."""
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                kept = self._conns.get(server)
+                if not kept:
+                    return None
+                conn, since = kept.pop()
+            if now - since < _IDLE_SECONDS and _still_open(conn):
+                return conn
+            conn.close()
+
+    def give(self, server: Server, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            kept = self._conns.setdefault(server, [])
+            if len(kept) < _IDLE_MAX:
+                kept.append((conn, time.monotonic()))
+                return
+        conn.close()
+
+
+def _still_open(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection is still usable: nothing to read on it (a server that
+    closed it has sent its end, which reads as readable)."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    try:
+        return not select.select([sock], [], [], 0)[0]
+    except (OSError, ValueError):  # closed under us
+        return False
+
+
+_idle_by_pid: dict[int, _Idle] = {}
+
+
+def _idle() -> _Idle:
+    """This process's idle connections (a forked child starts with none: its parent's
+    connections are the parent's)."""
+    pid = os.getpid()
+    idle = _idle_by_pid.get(pid)
+    if idle is None:
+        idle = _idle_by_pid.setdefault(pid, _Idle())  # atomic: no lock a fork could hold
+    return idle
 
 
 @functools.cache
@@ -74,8 +142,10 @@ class DirectBody:
     """
 
     def __init__(self, conn: http.client.HTTPConnection, sock: socket.socket,
-                 resp: http.client.HTTPResponse, url: str, *, careful: bool = False) -> None:
+                 resp: http.client.HTTPResponse, url: str, *, careful: bool = False,
+                 server: Server | None = None) -> None:
         self._conn, self._sock, self._resp, self._url = conn, sock, resp, url
+        self._server = server
         self._pid = os.getpid()
         self._careful = careful
         self._failure: BaseException | None = None
@@ -137,10 +207,18 @@ class DirectBody:
             return ""
 
     def close(self) -> None:
-        """Close the connection; a read blocked on it in another thread returns at once
-        (closing the response alone would wait for that read, up to the timeout). A forked
-        child closes only its own descriptor: the connection is still its parent's."""
-        if os.getpid() == self._pid:
+        """Keep the connection for the next request when the answer was read to its end and
+        the server keeps it open; else close it: a read blocked on it in another thread
+        returns at once (closing the response alone would wait for that read, up to the
+        timeout). A forked child closes only its own descriptor: the connection is still its
+        parent's."""
+        resp, mine = self._resp, os.getpid() == self._pid
+        if (mine and self._server is not None and self._failure is None and resp.isclosed()
+                and not resp.will_close and self._conn.sock is self._sock):
+            _idle().give(self._server, self._conn)
+            self._server = None
+            return
+        if mine:
             with contextlib.suppress(OSError):  # already shut down, or reset by the peer
                 self._sock.shutdown(socket.SHUT_RDWR)
         self._resp.close()
@@ -154,22 +232,45 @@ def send(method: str, url: str, headers: Mapping[str, Any], *, timeout: float,
     each wait for data; ``tls`` verifies an ``https`` server (default: :func:`default_tls`).
     Raises :class:`~wds_cloud.stores.retry.RetryableError` when no answer comes."""
     parts = urlsplit(url)
-    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    target = parts.path + (f"?{parts.query}" if parts.query else "") or "/"
+    context = (tls or default_tls()) if parts.scheme == "https" else None
+    server: Server = (parts.scheme, parts.hostname or "", parts.port, context)
+    kept = _idle().take(server)
+    if kept is not None:
+        try:
+            return _ask(kept, method, target, headers, timeout, url, careful, server)
+        except ConnectionError:  # the server closed it meanwhile: a new connection
+            kept.close()
+        except (OSError, http.client.HTTPException) as exc:
+            kept.close()
+            raise _no_answer(url, exc) from exc
     conn: http.client.HTTPConnection
-    if parts.scheme == "https":
+    if context is not None:
         conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=timeout,
-                                           context=tls or default_tls())
+                                           context=context)
     else:
         conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
     try:
         conn.connect()
-        sock = conn.sock  # kept: the connection drops it when the answer says it will close
-        conn.request(method, target or "/", headers=dict(headers))
-        resp = conn.getresponse()
+        return _ask(conn, method, target, headers, timeout, url, careful, server)
     except (OSError, http.client.HTTPException) as exc:
         conn.close()
-        said = reason(exc)
-        address = parts.netloc.rpartition("@")[2]
-        said = said if address in said else f"{said} ({address})"
-        raise RetryableError(f"no answer from {redact(url)}: {said}", reason=said) from exc
-    return DirectBody(conn, sock, resp, url, careful=careful)
+        raise _no_answer(url, exc) from exc
+
+
+def _no_answer(url: str, exc: BaseException) -> RetryableError:
+    said = reason(exc)
+    address = urlsplit(url).netloc.rpartition("@")[2]
+    said = said if address in said else f"{said} ({address})"
+    return RetryableError(f"no answer from {redact(url)}: {said}", reason=said)
+
+
+def _ask(conn: http.client.HTTPConnection, method: str, target: str,
+         headers: Mapping[str, Any], timeout: float, url: str, careful: bool,
+         server: Server) -> DirectBody:
+    """Send the request on the open connection ``conn``; its answer."""
+    sock = cast(socket.socket, conn.sock)  # kept: the connection drops it on "will close"
+    sock.settimeout(timeout)
+    conn.request(method, target, headers=dict(headers))
+    resp = conn.getresponse()
+    return DirectBody(conn, sock, resp, url, careful=careful, server=server)
