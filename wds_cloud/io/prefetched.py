@@ -22,11 +22,12 @@ This module is layer-neutral: standard library only.
 from __future__ import annotations
 
 import io
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
-__all__ = ["PrefetchedStream", "prefetched_stream"]
+__all__ = ["Pieces", "PrefetchedStream", "prefetched_stream"]
 
 
 Chunk = bytes | memoryview
@@ -169,3 +170,60 @@ class PrefetchedStream(io.RawIOBase):
     def _check_open(self) -> None:
         if self.closed:
             raise ValueError("I/O operation on closed file")
+
+
+class Pieces:
+    """Buffers of ``size`` bytes that pre-read chunks are read into, and read into again once
+    the chunk's bytes are consumed (:meth:`give`, a :class:`PrefetchedStream`'s ``recycle``):
+    memory the process already touched, not new pages for every byte read ahead."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def read(self, read_into: Callable[[memoryview], int | None],
+             want: int) -> tuple[Chunk, Exception | None]:
+        """Up to ``want`` bytes (fewer only at the end of the stream, or before an error)
+        read into a buffer: the view of them (empty at the end), and the error that stopped
+        the read after some bytes, which comes after them."""
+        with self._lock:
+            piece = self._free.pop() if self._free else None
+        if piece is None or len(piece) < want:
+            piece = bytearray(max(want, self.size))
+        view = memoryview(piece)[:want]
+        n = 0
+        try:
+            while n < want:
+                got = read_into(view[n:])
+                if not got:
+                    break
+                n += got
+        except Exception as exc:
+            if n:
+                return view[:n], exc
+            self.give(view)
+            raise
+        if not n:
+            self.give(view)
+            return b"", None
+        return view[:n], None
+
+    def give(self, chunk: Chunk) -> None:
+        """A chunk whose bytes are consumed: its buffer is read into again."""
+        if isinstance(chunk, memoryview) and isinstance(chunk.obj, bytearray):
+            piece = chunk.obj
+            try:
+                chunk.release()
+            except BufferError:  # still exported somewhere: never written into again
+                return
+            with self._lock:
+                if not self._closed:
+                    self._free.append(piece)
+
+    def close(self) -> None:
+        """Let the buffers go; those given back later are dropped."""
+        with self._lock:
+            self._closed = True
+            self._free.clear()

@@ -54,7 +54,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 
 from ..errors import ConfigError
 from ..urls import redact
-from .prefetched import Chunk, prefetched_stream
+from .prefetched import Chunk, Pieces, prefetched_stream
 
 __all__ = ["ReadAhead", "ReadAheadStats"]
 
@@ -146,7 +146,7 @@ class ReadAhead:
         self._in_flight = 0  # budget held: reserved and pre-read bytes not yet consumed
         self._buffered = 0  # pre-read bytes not yet consumed
         self._stats = ReadAheadStats()
-        self._pieces: list[bytearray] = []  # pre-read buffers whose bytes were consumed
+        self._pieces = Pieces(min(_PIECE, max_bytes // depth) if depth else _PIECE)
         self._closed = False
         self._started = False
 
@@ -244,7 +244,7 @@ class ReadAhead:
             raise error
         log.debug("read-ahead: %s %s, %d bytes pre-read", redact(slot.url), how, slot.reserved)
         return prefetched_stream(cast(BinaryIO, slot.stream), slot.chunks, slot.read_error,
-                                 partial(self._release, slot.reserved), self._recycle)
+                                 partial(self._release, slot.reserved), self._pieces.give)
 
     def _count(self, **deltas: float) -> None:
         """Add to the counters (the caller holds the lock)."""
@@ -337,7 +337,7 @@ class ReadAhead:
                 if read_into is None:
                     data, error = bytes(stream.read(want)), None  # bytes already: no copy
                 else:
-                    data, error = self._read_piece(read_into, want)
+                    data, error = self._pieces.read(read_into, want)
                 if not data:
                     break
                 slot.chunks.append(data)
@@ -353,44 +353,6 @@ class ReadAhead:
         with self._lock:
             self._in_flight -= slot.reserved - got
             slot.reserved = got
-
-    def _read_piece(self, read_into: Callable[[memoryview], int | None],
-                    want: int) -> tuple[Chunk, Exception | None]:
-        """Up to ``want`` bytes (fewer only at the end of the stream, or before an error)
-        read into a reused buffer: the view of them, and the error that stopped the read."""
-        with self._lock:
-            piece = self._pieces.pop() if self._pieces else None
-        if piece is None or len(piece) < want:
-            piece = bytearray(max(want, min(_PIECE, self.max_bytes // max(self.depth, 1))))
-        view = memoryview(piece)[:want]
-        n = 0
-        try:
-            while n < want:
-                got = read_into(view[n:])
-                if not got:
-                    break
-                n += got
-        except Exception as exc:
-            if n:  # the bytes read before the error are kept: the error comes after them
-                return view[:n], exc
-            self._recycle(view)
-            raise
-        if not n:  # the end of the stream
-            self._recycle(view)
-            return b"", None
-        return view[:n], None
-
-    def _recycle(self, chunk: Chunk) -> None:
-        """A pre-read chunk whose bytes are consumed: its buffer is read into again."""
-        if isinstance(chunk, memoryview) and isinstance(chunk.obj, bytearray):
-            piece = chunk.obj
-            try:
-                chunk.release()
-            except BufferError:  # still exported somewhere: never written into again
-                return
-            with self._lock:
-                if not self._closed:
-                    self._pieces.append(piece)
 
     # -- discarding and closing --------------------------------------------------------------
 
@@ -427,7 +389,7 @@ class ReadAhead:
             if self._closed:
                 return
             self._closed = True
-            self._pieces.clear()
+            self._pieces.close()
             slots = [s for _, s in self._pending if s is not None]
             if self._current is not None:
                 slots.append(self._current)
