@@ -355,6 +355,23 @@ def test_large_members_are_the_bytes_the_stream_returned(tmp_path: Path) -> None
     assert len(large) > 8 and all(id(data) in returned for data in large)
 
 
+@pytest.mark.parametrize("cut_in", ["data", "padding", "header"])
+def test_large_members_before_a_cut_are_all_yielded(tmp_path: Path, cut_in: str) -> None:
+    """Large members are handed on in batches: a cut in the seventh of twelve still yields
+    the six before it, then the error, as one member at a time did."""
+    entries: list[Entry] = [(f"{i:03d}.bin", os.urandom(100_000 + i)) for i in range(12)]
+    data = tar_bytes(entries)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        seventh = tf.getmembers()[6]
+    cut = {"data": seventh.offset_data + 50_000, "padding": seventh.offset_data + 100_006 + 3,
+           "header": seventh.offset + 100}[cut_in]
+    got: list[Entry] = []
+    with pytest.raises(ShardFormatError):
+        for batch in tarformat.iter_member_batches(io.BytesIO(data[:cut]), url="cut.tar"):
+            got += batch
+    assert got == entries[:6]
+
+
 def test_grouping_rules_match_webdataset(tmp_path: Path) -> None:
     names = [
         "a.txt", "a.CLS", "a.seg.png", "dir.v1/b.txt", "dir.v1/b.json", "dir/.hidden",

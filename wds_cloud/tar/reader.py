@@ -68,6 +68,7 @@ DIRECT_MIN = 1 << 16  # members at least this large are read from the stream dir
 _SMALL_RUN = 64  # small members in a row after which reading goes back to large buffers
 MAX_EXTENDED = 16 << 20  # limit for the data of a long-name or pax header
 _READ_PIECE = 16 << 20  # never ask a stream for more at once (a bogus size must not allocate)
+_BATCH_BYTES = 1 << 20  # large members are handed on in batches of about this many bytes
 
 _ZERO_BLOCK = bytes(BLOCK)
 _EXTENDED = frozenset(b"LKxXg")  # GNU long name/link, pax extended/Solaris/global
@@ -282,35 +283,55 @@ def _plain_header(reader: _Reader) -> tuple[str, int, int] | None:
 
 def _large_members(reader: _Reader, marks: list[Marks] | None, compressed: bool,
                    following: Following | None) -> Iterator[list[Member]]:
-    """Plain members of at least :data:`DIRECT_MIN` bytes, one by one: each member's data is
-    the very ``bytes`` one ``read(size)`` returned, and its padding comes with the next header
-    in one more read. Returns, having consumed nothing of it, at a member that is anything
-    else (small, extended, unusual, partly buffered), which the general path then reads."""
+    """Plain members of at least :data:`DIRECT_MIN` bytes, read one by one: each member's data
+    is the very ``bytes`` one ``read(size)`` returned, and its padding comes with the next
+    header in one more read. They are handed on in batches of about :data:`_BATCH_BYTES`
+    (one member when it is that large): the generators and grouping then run once a batch,
+    not once a member. A member that cannot be read whole is raised after the batch of those
+    before it. Returns, having consumed nothing of it, at a member that is anything else
+    (small, extended, unusual, partly buffered), which the general path then reads."""
     read = reader.read
     if reader.pos == len(reader.buf):  # after a member read by the general path
         reader.off, reader.buf, reader.pos = reader.off + reader.pos, read(BLOCK), 0
     head = _plain_header(reader)
     while head is not None and DIRECT_MIN <= head[1] <= _READ_PIECE:
-        name, size, at = head
-        reader.off, reader.buf, reader.pos = at + BLOCK, b"", 0
-        data = read(size)
-        if len(data) != size:  # a short read: the general way, which also reports truncation
-            reader.buf = data
-            data = reader._read_direct(size, name, at, None)
-        else:
-            reader.off += size
-        pad = -size & (BLOCK - 1)
-        reader.buf = tail = read(pad + BLOCK)  # the padding and the next header
-        if len(tail) >= pad:
-            reader.pos = pad
-        else:
-            reader.skip(pad, name, at)
-        head = _plain_header(reader)
+        batch: list[Member] = []
+        starts: list[int] = []
+        held = 0
+        try:
+            while head is not None and DIRECT_MIN <= head[1] <= _READ_PIECE and \
+                    held < _BATCH_BYTES:
+                name, size, at = head
+                reader.off, reader.buf, reader.pos = at + BLOCK, b"", 0
+                data = read(size)
+                if len(data) != size:  # a short read: the general way (it reports truncation)
+                    reader.buf = data
+                    data = reader._read_direct(size, name, at, None)
+                else:
+                    reader.off += size
+                pad = -size & (BLOCK - 1)
+                reader.buf = tail = read(pad + BLOCK)  # the padding and the next header
+                if len(tail) >= pad:
+                    reader.pos = pad
+                else:
+                    reader.skip(pad, name, at)
+                batch.append((name, data))
+                starts.append(at)
+                held += size
+                head = _plain_header(reader)
+        except Exception:
+            if batch:  # the members read whole before the damage first
+                if marks is not None:
+                    marks[0] = (starts[0], 0, starts, compressed)
+                if following is not None:
+                    following[0] = None
+                yield batch
+            raise
         if marks is not None:
-            marks[0] = (at, 0, [], compressed)
+            marks[0] = (starts[0], 0, starts, compressed)
         if following is not None:
             following[0] = head and (head[0], -1 if compressed else head[2])
-        yield [(name, data)]
+        yield batch
 
 
 #: where a batch's members lie: ``(start, base, headers, compressed)``. Member ``j`` of the
