@@ -297,41 +297,47 @@ def _large_members(reader: _Reader, marks: list[Marks] | None, compressed: bool,
     while head is not None and DIRECT_MIN <= head[1] <= _READ_PIECE:
         batch: list[Member] = []
         starts: list[int] = []
-        held = 0
+        held, failure = 0, None
         try:
             while head is not None and DIRECT_MIN <= head[1] <= _READ_PIECE and \
                     held < _BATCH_BYTES:
                 name, size, at = head
-                reader.off, reader.buf, reader.pos = at + BLOCK, b"", 0
-                data = read(size)
-                if len(data) != size:  # a short read: the general way (it reports truncation)
-                    reader.buf = data
-                    data = reader._read_direct(size, name, at, None)
-                else:
-                    reader.off += size
-                pad = -size & (BLOCK - 1)
-                reader.buf = tail = read(pad + BLOCK)  # the padding and the next header
-                if len(tail) >= pad:
-                    reader.pos = pad
-                else:
-                    reader.skip(pad, name, at)
-                batch.append((name, data))
+                batch.append((name, _read_large(reader, name, size, at)))
                 starts.append(at)
                 held += size
                 head = _plain_header(reader)
-        except Exception:
-            if batch:  # the members read whole before the damage first
-                if marks is not None:
-                    marks[0] = (starts[0], 0, starts, compressed)
-                if following is not None:
-                    following[0] = None
-                yield batch
-            raise
+        except Exception as exc:
+            if not batch:
+                raise
+            failure = exc  # the members read whole before the damage first
         if marks is not None:
             marks[0] = (starts[0], 0, starts, compressed)
         if following is not None:
-            following[0] = head and (head[0], -1 if compressed else head[2])
+            following[0] = None if failure or head is None else \
+                (head[0], -1 if compressed else head[2])
         yield batch
+        if failure is not None:
+            raise failure
+
+
+def _read_large(reader: _Reader, name: str, size: int, at: int) -> bytes:
+    """The data of the member whose plain header is at ``at`` (the ``bytes`` one ``read``
+    returned), leaving the reader at the next header, read with the padding."""
+    read = reader.read
+    reader.off, reader.buf, reader.pos = at + BLOCK, b"", 0
+    data = read(size)
+    if len(data) != size:  # a short read: the general way (it reports truncation)
+        reader.buf = data
+        data = reader._read_direct(size, name, at, None)
+    else:
+        reader.off += size
+    pad = -size & (BLOCK - 1)
+    reader.buf = tail = read(pad + BLOCK)  # the padding and the next header
+    if len(tail) >= pad:
+        reader.pos = pad
+    else:
+        reader.skip(pad, name, at)
+    return data
 
 
 #: where a batch's members lie: ``(start, base, headers, compressed)``. Member ``j`` of the
