@@ -196,7 +196,9 @@ def test_a_location_with_a_space_is_encoded(recorders: tuple[_Recorder, _Recorde
     assert [path for path, _ in first.seen] == ["/space", "/data.bin?x=1+2"]
 
 
-def test_tls_is_verified_with_the_system_certificates(tmp_path: Path) -> None:
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[_Recorder, Path]]:
+    """A recorder serving over TLS with a self-signed certificate, and that certificate."""
     cert, key = self_signed(tmp_path)
     server = _Recorder()
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -204,16 +206,20 @@ def test_tls_is_verified_with_the_system_certificates(tmp_path: Path) -> None:
     server.socket = context.wrap_socket(server.socket, server_side=True)
     serving = _serving(server)
     next(serving)
-    try:
-        url = f"{server.base}/data.bin"
-        with pytest.raises(WdsCloudError, match="certificate verify failed") as info:
-            gopen(url, "rb", settings=FAST)
-        assert "127.0.0.1" in str(info.value)
-        trusting = ssl.create_default_context(cafile=str(cert))  # aiohttp's ``ssl=`` option
-        with gopen(url, "rb", settings=FAST, storage_options={"https": {"ssl": trusting}}) as s:
-            assert isinstance(s._body, AsyncBody) and s.read() == DATA
-    finally:
-        next(serving, None)
+    yield server, cert
+    next(serving, None)
+
+
+def test_tls_is_verified_with_the_system_certificates(
+        tls_server: tuple[_Recorder, Path]) -> None:
+    server, cert = tls_server
+    url = f"{server.base}/data.bin"
+    with pytest.raises(WdsCloudError, match="certificate verify failed") as info:
+        gopen(url, "rb", settings=FAST)
+    assert "127.0.0.1" in str(info.value)
+    trusting = ssl.create_default_context(cafile=str(cert))  # aiohttp's ``ssl=`` option
+    with gopen(url, "rb", settings=FAST, storage_options={"https": {"ssl": trusting}}) as s:
+        assert isinstance(s._body, AsyncBody) and s.read() == DATA
 
 
 # -- connections kept for the next request ---------------------------------------------------------
@@ -235,22 +241,16 @@ def test_objects_read_to_their_end_share_one_connection(
     assert len(set(first.ports)) == 2 and first.ports[-1] != first.ports[0]
 
 
-def test_tls_connections_are_kept_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cert, key = self_signed(tmp_path)
+def test_tls_connections_are_kept_too(tls_server: tuple[_Recorder, Path],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    server, cert = tls_server
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     default_tls.cache_clear()  # loaded again with the test's authority
-    server = _Recorder()
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    serving = _serving(server)
-    next(serving)
     try:
         for _ in range(3):
             assert _read_whole(f"{server.base}/data.bin") == DATA
         assert len(server.ports) == 3 and len(set(server.ports)) == 1  # one handshake
     finally:
-        next(serving, None)
         default_tls.cache_clear()
 
 
