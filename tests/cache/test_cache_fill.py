@@ -52,7 +52,7 @@ from stores.procs import child_env
 import wds_cloud as wds
 from wds_cloud.cache import ShardCache, wait_downloads
 from wds_cloud.cache import admin as cacheadmin
-from wds_cloud.cache.fill import FINISH_TAIL
+from wds_cloud.cache.fill import FINISH_TAIL, WRITE_BYTES
 from wds_cloud.cache.layout import CacheLayout, preallocate
 
 MiB = 1 << 20
@@ -164,11 +164,12 @@ class Ran:
     why: str
 
 
-def run_full_disk(script: str, url: str, cache: Path) -> Ran:
-    """Run ``script`` (argv: ``url``, ``cache``, a 1 MiB file-size limit) in a child with the
-    cache's lines on its stderr; it must exit 0 within ``WAIT`` seconds."""
+def run_full_disk(script: str, url: str, cache: Path, *args: object) -> Ran:
+    """Run ``script`` (argv: ``url``, ``cache``, a 1 MiB file-size limit, ``args``) in a child
+    with the cache's lines on its stderr; it must exit 0 within ``WAIT`` seconds."""
     done = subprocess.run(
-        [sys.executable, "-c", script, url, str(cache), str(MiB)], capture_output=True,
+        [sys.executable, "-c", script, url, str(cache), str(MiB), *map(str, args)],
+        capture_output=True,
         text=True, timeout=WAIT, env=child_env({"WDS_VERBOSE_CACHE": "1"}))
     why = f"stdout {done.stdout!r}; stderr tail:\n{done.stderr[-3000:]}"
     assert done.returncode == 0, why
@@ -261,12 +262,12 @@ _FULL_DISK = """\
 import hashlib, resource, signal, sys
 import wds_cloud as wds
 from wds_cloud.cache import wait_downloads
-url, cache, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+url, cache, limit, piece = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 h, n = hashlib.sha256(), 0
 with wds.gopen(url, cache_dir=cache) as stream:
-    while chunk := stream.read(1 << 20):
+    while chunk := stream.read(piece):
         h.update(chunk)
         n += len(chunk)
 print("sha", h.hexdigest(), n, flush=True)
@@ -274,20 +275,26 @@ print("settled", wait_downloads(30), flush=True)
 """
 
 
+@pytest.mark.parametrize(("size", "piece"),
+                         [(4 * MiB, MiB), (4 * MiB, 100_000), (MiB + 300_000, MiB)])
 def test_write_failure_drops_the_entry_and_the_reader_goes_on(
-    nginx_server: NginxServer, tmp_path: Path,
+    nginx_server: NginxServer, tmp_path: Path, size: int, piece: int,
 ) -> None:
     """A child whose files may not grow past 1 MiB (``RLIMIT_FSIZE``, ``SIGXFSZ`` ignored: a
-    write past it fails with ``EFBIG``, as on a full disk) reads a 4 MiB shard through the
-    cache: it gets every byte from its one GET and exits 0; nothing is published and nothing
-    is left in ``partial/``. The parent then fills the entry normally."""
-    shard = put_shard(nginx_server, "full/shard-000.tar", blob(4 * MiB, 3))
+    write past it fails with ``EFBIG``, as on a full disk) reads a shard through the cache,
+    ``piece`` bytes at a time: the write fails in the middle of the shard, in the middle of
+    pieces of 100 KB written together, or when the entry ends (its last 300,000 bytes, held
+    until then). The child gets every byte from its one GET and exits 0; nothing is
+    published and nothing is left in ``partial/``. The parent then fills the entry
+    normally."""
+    shard = put_shard(nginx_server, f"full/shard-{size}-{piece}.tar", blob(size, 3))
     url, source, cache = shard.url, shard.source, tmp_path / "cache"
-    ran = run_full_disk(_FULL_DISK, url, cache)
+    ran = run_full_disk(_FULL_DISK, url, cache, piece)
     why = ran.why
     assert f"sha {sha(source)} {len(source)}" in ran.lines, why
     assert "settled True" in ran.lines, why
     assert "cache abandon" in ran.stderr, why  # a fill was started, then dropped
+    assert "File too large" in ran.stderr, why  # because of the failed write
     assert cache_files(cache) == [], why
     assert cache_files(cache, "meta") == [], why
     assert cache_files(cache, "partial") == [], why
@@ -501,30 +508,43 @@ def test_a_forked_child_does_not_keep_the_parents_download_locked(
 # -- 6. the reading thread writes --------------------------------------------------------------
 
 
-def test_a_piece_is_in_the_file_when_its_reader_gets_it(
-    nginx_server: NginxServer, tmp_path: Path,
+@pytest.mark.parametrize("how", ["read", "readinto"])
+def test_what_its_reader_gets_is_in_the_file_at_once_or_soon(
+    nginx_server: NginxServer, tmp_path: Path, how: str,
 ) -> None:
-    """The thread that reads a piece from the store writes it before handing it on: after
-    every read, the file under ``partial/`` already holds the bytes read so far (readers
-    along see them at once: there is no writer to wait for), and the read that gets the last
-    byte has published the entry, with no ``wait_downloads``."""
-    shard = put_shard(nginx_server, "inline/shard-000.tar", blob(4 * MiB + 1000, 8))
+    """The thread that reads a piece from the store writes it: there is no writer to wait
+    for. A piece read into the caller's buffer (``readinto``) is in the file under
+    ``partial/`` when the read returns; pieces returned as ``bytes`` (which nobody can change)
+    are written together once about ``WRITE_BYTES`` of them are read, so the file lags the
+    reader by less than that. The read that gets the last byte has published the entry,
+    with no ``wait_downloads``."""
+    shard = put_shard(nginx_server, f"inline/{how}-000.tar", blob(4 * MiB + 1000, 8))
     url, source, cache = shard.url, shard.source, tmp_path / "cache"
     name = layout(cache).name_for(url)
     allocates = can_preallocate(tmp_path)
+    lags = set()
     with wds.gopen(url, cache_dir=str(cache)) as stream:
         got = b""
+        buffer = bytearray(MiB // 3)
         while len(got) < len(source):
-            got += stream.read(MiB // 3)
+            if how == "read":
+                got += stream.read(MiB // 3)
+            else:
+                got += buffer[:stream.readinto(buffer)]
             if len(got) < len(source):
-                part = cache / "partial" / name
-                assert part.read_bytes() == got
+                part = (cache / "partial" / name).read_bytes()
+                assert part == got[:len(part)]
+                lags.add(len(got) - len(part))
                 if allocates:  # the blocks of the whole entry, from the start
-                    assert part.stat().st_blocks * 512 >= len(source) > part.stat().st_size
+                    stat = (cache / "partial" / name).stat()
+                    assert stat.st_blocks * 512 >= len(source) > stat.st_size
         assert got == source
         assert cache_files(cache) == [name]  # published by that last read
         assert wait_downloads(0)
         assert stream.read(MiB) == b""
+    assert max(lags) < WRITE_BYTES
+    if how == "readinto":
+        assert lags == {0}
     assert entry_bytes(cache, url) == source
     assert cache_files(cache, "partial") == []
     assert cacheadmin.verify(ShardCache(cache), remove=False) == (1, [])

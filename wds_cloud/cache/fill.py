@@ -3,8 +3,10 @@
 The process that downloads an entry reads the store's response through a :class:`TeeStream`:
 the reader gets each piece as it arrives, exactly as without a cache, and the thread that read
 the piece writes it, from the very buffer the store filled, to the file under ``partial/``
-(``os.pwrite``, which releases the GIL) and adds it to the CRC-32 before handing it on: no copy,
-no queue and no hand-off to another thread. When all ``size`` bytes are written the same thread
+(``os.pwritev``, which releases the GIL) and adds it to the CRC-32: no copy, no queue and no
+hand-off to another thread. A piece in the reader's own buffer is written before it is handed
+on; pieces returned as ``bytes`` are written together, about :data:`WRITE_BYTES` at a time
+(see :meth:`Fill.write`). When all ``size`` bytes are written the same thread
 publishes the file (``publish``); after an error, or when the reader closes with more than
 :data:`FINISH_TAIL` bytes still to come, it is dropped (``abandon``). Either way ``release`` is
 called last. Memory is bounded by the reader's own buffer; a disk slower than the link slows
@@ -30,11 +32,13 @@ from ..errors import CacheError, TransferError, WdsCloudError
 from ..io.streams import SequentialStream
 from .layout import crc32, preallocate
 
-__all__ = ["FINISH_TAIL", "Fill", "TeeStream", "wait_fills"]
+__all__ = ["FINISH_TAIL", "WRITE_BYTES", "Fill", "TeeStream", "wait_fills"]
 
 log = logging.getLogger(__name__)
 
 FINISH_TAIL = 1 << 20  # a reader closing this close to the end lets the download finish
+WRITE_BYTES = 1 << 20  # pieces of bytes are written in about this many at once (see Fill.write)
+_HELD_MAX = 256  # and at most this many (IOV_MAX is 1024)
 _IDLE = 0.05  # seconds without a piece after which the watcher checks for readers along
 _SETTLE = 30.0  # seconds a reader at the end waits for the entry to be written and published
 
@@ -121,6 +125,8 @@ class Fill:
         self._cond = threading.Condition()  # ``written`` and ``finished`` changed
         self._watcher = _watcher()
         self._checksum = crc32()
+        self._held: list[memoryview] = []  # pieces of bytes not written yet (see write)
+        self._held_bytes = 0
 
     def start(self) -> None:
         self._watcher.add(self)
@@ -130,25 +136,48 @@ class Fill:
             self.end(exc)
 
     def write(self, piece: memoryview) -> bool:
-        """Append ``piece`` to the file and the CRC-32, in this thread (no copy is kept: the
-        caller may reuse its buffer on return). ``False`` once the fill has ended, or when
-        this write failed (a full disk): the entry is then dropped and the reader goes on."""
+        """Append ``piece`` to the file and the CRC-32, in this thread. ``False`` once the fill
+        has ended, or when this write failed (a full disk): the entry is then dropped and the
+        reader goes on.
+
+        A piece of a ``bytes`` (immutable) may be held, not copied, and written with those
+        after it in one ``pwritev`` of about :data:`WRITE_BYTES`: the page cache then keeps
+        the entry in large pages, which a warm epoch reads faster (100 KB members: 8.4 GB/s
+        when written member by member, 10.5-11 GB/s in 1 MiB writes, here). Any other piece
+        is written before this returns, so its caller may reuse its buffer."""
         self.fed_at = time.monotonic()
         with self._io:
             if self.finished:
                 return False
+            self.crc32 = self._checksum(piece, self.crc32)
+            held = self._held
+            held.append(piece)
+            self._held_bytes += len(piece)
+            if (self._held_bytes < WRITE_BYTES and type(piece.obj) is bytes
+                    and len(held) < _HELD_MAX):
+                return True
             try:
-                done = 0
-                while done < len(piece):
-                    done += os.pwrite(self.fd, piece[done:], self.written + done)
+                self._flush()
             except OSError as exc:
                 self._end(exc)
                 return False
-            self.crc32 = self._checksum(piece, self.crc32)
-            with self._cond:
-                self.written += len(piece)
-                self._cond.notify_all()
         return True
+
+    def _flush(self) -> None:
+        """Write the held pieces (``_io`` held)."""
+        pieces, self._held, count = self._held, [], self._held_bytes
+        self._held_bytes = 0
+        at = self.written
+        while pieces:
+            done = os.pwritev(self.fd, pieces, at)
+            at += done
+            while pieces and done >= len(pieces[0]):
+                done -= len(pieces.pop(0))
+            if done:
+                pieces[0] = pieces[0][done:]
+        with self._cond:
+            self.written += count
+            self._cond.notify_all()
 
     def end(self, failure: BaseException | None = None) -> None:
         """No more pieces: publish the entry if all ``size`` bytes are written, else (or
@@ -162,6 +191,11 @@ class Fill:
         released and waiters told. A failure to publish drops the entry and is told to the
         readers along; the reader that got here has its bytes and goes on."""
         try:
+            if failure is None and self._held:
+                try:
+                    self._flush()
+                except OSError as exc:
+                    failure = exc
             if failure is None and self.written != self.size:
                 failure = TransferError(f"{self.label} ended at byte {self.written} of "
                                         f"{self.size}; nothing was cached", url=self.label,
@@ -176,6 +210,7 @@ class Fill:
                     self.error = _as_cache_error(failure, self.label)
                 self._abandon(self, failure)
         finally:
+            self._held, self._held_bytes = [], 0
             self._watcher.discard(self)
             os.close(self.fd)
             self._release()
