@@ -307,6 +307,31 @@ def test_samples_match_webdataset(fmt: str, tmp_path: Path) -> None:
     assert ours == wds_samples(urls)
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_local_file_read_past_its_buffer_or_with_bytes_in_it(tmp_path: Path,
+                                                            compressed: bool) -> None:
+    """A local file opened buffered is read through its raw file when its buffer is empty,
+    and through the buffer when it holds bytes already (a peek, a caller's own read): every
+    member comes out either way, and the stream is left where the archive ended."""
+    big = os.urandom(tarformat.DIRECT_MIN * 2 + 5)
+    entries: list[Entry] = [("a.bin", big), ("a.cls", b"1"), ("b.bin", big[::-1]),
+                            ("b.cls", b"2")]
+    data = tar_bytes(entries)
+    data = gzip.compress(data) if compressed else data
+    path = write(tmp_path, "shard.tgz" if compressed else "shard.tar", b"junk" + data)
+    for peek in (False, True):
+        with open(path, "rb") as stream:
+            assert stream.read(4) == b"junk"
+            if peek:
+                stream.peek(1)  # the buffer now holds the start of the archive
+            members = [m for batch in tarformat.iter_member_batches(stream, url=path)
+                       for m in batch]
+            assert members == entries
+            at = stream.tell()
+            assert at <= len(data) + 4
+            assert stream.read() == data[at - 4:]
+
+
 def test_large_members_and_small_chunks(tmp_path: Path) -> None:
     big = os.urandom(tarformat.DIRECT_MIN * 3 + 17)
     entries: list[Entry] = [("a.jpg", big), ("a.cls", b"1"), ("b.jpg", big[::-1]),

