@@ -13,7 +13,10 @@ import base64
 import http.server
 import random
 import ssl
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from email.message import Message
 from pathlib import Path
@@ -88,6 +91,7 @@ class _Recorder(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.seen: list[tuple[str, Message]] = []  # (path, headers: case-insensitive)
         self.ports: list[int] = []  # the client's port of each request: its connection
+        self.closed: list[int] = []  # the client's port of each connection that has ended
         self.drop = ""  # "after": close each connection after an answer, without saying so;
         # "second": close a connection asked a second request, without answering it
 
@@ -100,6 +104,14 @@ class _Recorder(http.server.ThreadingHTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Recorder
     protocol_version = "HTTP/1.1"
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except OSError:  # the client went away in the middle of an answer
+            pass
+        finally:
+            self.server.closed.append(self.client_address[1])
 
     def do_GET(self) -> None:
         self.server.seen.append((self.path, self.headers))
@@ -267,3 +279,85 @@ def test_a_connection_the_server_closed_is_replaced(
     assert len(answered) == 3  # each answer came on a connection of its own
     if drop == "second":  # the requests the kept connections could not carry were sent again
         assert len(first.ports) == 5 and len(first.seen) == 5
+
+
+_FORKED = """\
+import os, sys
+from wds_cloud.router import gopen
+
+def read(url):
+    with gopen(url, "rb") as stream:
+        return len(stream.read())
+
+url = sys.argv[1]
+print("parent", read(url), flush=True)
+pid = os.fork()
+if pid == 0:
+    print("child", read(url), flush=True)
+    sys.exit(0)
+assert os.waitpid(pid, 0)[1] == 0
+print("parent", read(url), flush=True)
+"""
+
+
+def test_a_forked_child_leaves_its_parents_connections_to_it(
+        recorders: tuple[_Recorder, _Recorder]) -> None:
+    """A process keeps a connection, forks, and both read again: the parent goes on with its
+    kept connection, the child opens its own, and the child leaves none of its parent's to
+    the garbage collector (``-X dev`` prints a ResourceWarning for each): it closed its
+    copies as it started."""
+    first, _ = recorders
+    ran = subprocess.run([sys.executable, "-X", "dev", "-c", _FORKED, f"{first.base}/data.bin"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split("\n") == [f"parent {len(DATA)}", f"child {len(DATA)}",
+                                      f"parent {len(DATA)}", ""]
+    assert "ResourceWarning" not in ran.stderr, ran.stderr
+    parent, child, again = first.ports
+    assert again == parent != child
+
+
+_WORKER = """\
+import os, sys
+from wds_cloud.router import gopen
+
+url = sys.argv[1]
+with gopen(url, "rb") as stream:
+    stream.read()  # its connection is kept
+wait, go = os.pipe()
+pid = os.fork()
+if pid == 0:  # a worker that lives on, asking the store for nothing
+    os.read(wait, 1)
+    os._exit(0)
+from wds_cloud.stores import direct
+direct._IDLE_SECONDS = 0.0  # the kept connection has been idle too long: closed at the next GET
+with gopen(url, "rb") as stream:
+    stream.read()
+print("closed", flush=True)
+sys.stdin.readline()
+os.write(go, b"x")
+assert os.waitpid(pid, 0)[1] == 0
+"""
+
+
+def test_a_connection_closed_by_the_parent_is_closed_while_a_forked_child_lives(
+        recorders: tuple[_Recorder, _Recorder]) -> None:
+    """A forked child (a DataLoader worker) does not keep its parent's connections open: a
+    kept one the parent closes (idle too long) ends at once, not when the child exits."""
+    first, _ = recorders
+    proc = subprocess.Popen([sys.executable, "-c", _WORKER, f"{first.base}/data.bin"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline() == "closed\n"
+        kept = first.ports[0]
+        deadline = time.monotonic() + 10
+        while kept not in first.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert kept in first.closed, "the child keeps the parent's connection open"
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        proc.wait()

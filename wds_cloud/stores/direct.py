@@ -79,6 +79,15 @@ class _Idle:
                 return
         conn.close()
 
+    def drop(self) -> None:
+        """Close, in a forked child, its copies of its parent's idle connections (the parent's
+        stay open). Takes no lock, which a thread that does not exist in the child may
+        hold."""
+        conns, self._conns = self._conns, {}
+        for kept in conns.values():
+            for conn, _ in kept:
+                conn.close()
+
 
 def _still_open(conn: http.client.HTTPConnection) -> bool:
     """Whether an idle connection is still usable: nothing to read on it (a server that
@@ -96,12 +105,17 @@ _idle_by_pid: dict[int, _Idle] = {}
 
 
 def _idle() -> _Idle:
-    """This process's idle connections (a forked child starts with none: its parent's
-    connections are the parent's)."""
+    """This process's idle connections. A forked child starts with none and closes its
+    copies of its parent's as it starts, so that a connection the parent closes is closed
+    (a DataLoader worker would otherwise keep it open as long as it lives, and its exit
+    would leave them to the garbage collector: a ResourceWarning each)."""
     pid = os.getpid()
     idle = _idle_by_pid.get(pid)
     if idle is None:
-        idle = _idle_by_pid.setdefault(pid, _Idle())  # atomic: no lock a fork could hold
+        new = _Idle()
+        idle = _idle_by_pid.setdefault(pid, new)  # atomic: no lock a fork could hold
+        if idle is new:
+            os.register_at_fork(after_in_child=new.drop)
     return idle
 
 
