@@ -145,6 +145,15 @@ def member_reads(urls: list[str], member: int) -> float:
     return total / (time.perf_counter() - start)
 
 
+def counting_us(factory: Factory, urls: list[str], count: Callable[[Any], int]) -> float:
+    """µs per sample that ``count`` takes (part of each rate measured, not of the reader)."""
+    samples = [sample for _, sample in zip(range(200), factory(urls[:1]), strict=False)]
+    start = time.perf_counter()
+    for _ in range(50):
+        sum(count(sample) for sample in samples)
+    return (time.perf_counter() - start) / (50 * len(samples)) * 1e6
+
+
 def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
     """The median rate of each run over ``rounds`` rounds that take them in turn (the order
     rotating each round), so that drift in the machine's speed hits all alike."""
@@ -212,6 +221,11 @@ def compare(label: str, libs: dict[str, Factory], urls: list[str], count: Callab
         line += (f"; limits: plain f.read(4 MB) {plain:,.0f} {unit} (wds_cloud at "
                  f"{ours / plain:.2f}× it), bare read(member)+read(header) {bare:,.0f} {unit} "
                  f"(= {bare / theirs:.2f}× webdataset; wds_cloud at {ours / bare:.2f}× it)")
+        us = member / scale * 1e6  # per sample, from a rate in units/s
+        goal = us / theirs / target
+        line += (f"; per sample: bare reads {us / bare:.1f} µs, the target {goal:.1f} µs, "
+                 f"wds_cloud {us / ours:.1f} µs, of which this benchmark's own counting "
+                 f"{counting_us(libs['wds_cloud'], urls, count):.1f} µs")
     print(line, flush=True)
     return label, ratio, target, "×"
 
