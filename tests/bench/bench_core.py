@@ -12,7 +12,9 @@ each rate the median of R rounds that take the libraries in turn. For large memb
 also gives two limits: a plain Python loop of ``f.read(4 MB)`` over the same files (one copy
 from the page cache into ``bytes``, which is what the reader does too), and the bare reads
 that any reader handing out each member as its own ``bytes`` makes (``read(member)``, then
-the padding and next header), without parsing: the best ratio a reader can show. Then:
+the padding and next header), without parsing: the best ratio a reader can show; and the same
+per sample, in µs, beside the target's and this benchmark's own cost of counting a sample
+(inside every rate): the room the target leaves for parsing and grouping. Then:
 
 - a warm epoch of the 100 KB samples through the shard cache (``cache_local=True``: every
   shard a hit), in GB/s against LitData's warm epoch of the same samples on this machine
