@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import sys
 from collections.abc import Callable, Iterator
-from typing import BinaryIO
+from typing import BinaryIO, TypeGuard
 
 from ..errors import ShardFormatError
 from ..urls import redact
@@ -294,13 +294,12 @@ def _large_members(reader: _Reader, marks: list[Marks] | None, compressed: bool,
     if reader.pos == len(reader.buf):  # after a member read by the general path
         reader.off, reader.buf, reader.pos = reader.off + reader.pos, read(BLOCK), 0
     head = _plain_header(reader)
-    while head is not None and DIRECT_MIN <= head[1] <= _READ_PIECE:
+    while _large(head):
         batch: list[Member] = []
         starts: list[int] = []
         held, failure = 0, None
         try:
-            while head is not None and DIRECT_MIN <= head[1] <= _READ_PIECE and \
-                    held < _BATCH_BYTES:
+            while _large(head) and held < _BATCH_BYTES:
                 name, size, at = head
                 batch.append((name, _read_large(reader, name, size, at)))
                 starts.append(at)
@@ -318,6 +317,11 @@ def _large_members(reader: _Reader, marks: list[Marks] | None, compressed: bool,
         yield batch
         if failure is not None:
             raise failure
+
+
+def _large(head: tuple[str, int, int] | None) -> TypeGuard[tuple[str, int, int]]:
+    """Whether ``head`` (see :func:`_plain_header`) is that of a member read on its own."""
+    return head is not None and DIRECT_MIN <= head[1] <= _READ_PIECE
 
 
 def _read_large(reader: _Reader, name: str, size: int, at: int) -> bytes:
