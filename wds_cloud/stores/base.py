@@ -96,6 +96,16 @@ def range_ignored(url: str, status: int) -> OpenError:
                      "a read cannot resume", url=redact(url))
 
 
+def answer_error(url: str, status: int, offset: int) -> Exception | None:
+    """The error an answer with ``status`` to a GET from ``offset`` is, or None (it carries
+    the object's bytes): an error status, or a range the server ignored."""
+    if status >= 400:
+        return status_error(status, url, "reading", offset=offset)
+    if offset and status != 206:
+        return range_ignored(url, status)
+    return None
+
+
 def releaser(resp: Any) -> Callable[[bool], None]:
     """Closes an aiohttp response: back to the pool when read to the end, else dropped."""
     def on_close(finished: bool) -> None:

@@ -32,9 +32,9 @@ from .base import (
     CloudOpener,
     Fetched,
     LoopSource,
+    answer_error,
     header_meta,
     library_error,
-    range_ignored,
     releaser,
     sequential_parts,
 )
@@ -106,15 +106,11 @@ class _GcsSource(LoopSource):
 
     def _judge(self, status: int, headers: Any, offset: int, close: Any) -> ObjectMeta:
         """What an answer says of the object, or (``close`` called) the error it is."""
-        try:
-            if status >= 400:  # a pinned generation that is gone: replaced or deleted
-                status = 412 if status == 404 and offset else status
-                raise status_error(status, self._url, "reading", offset=offset)
-            if offset and status != 206:
-                raise range_ignored(self._url, status)
-        except BaseException:
+        # a 404 to a resume: the pinned generation is gone (replaced or deleted)
+        error = answer_error(self._url, 412 if status == 404 and offset else status, offset)
+        if error is not None:
             close()
-            raise
+            raise error
         generation = headers.get("x-goog-generation")
         self._generation = self._generation or generation
         return header_meta(headers, offset, generation or headers.get("ETag"))

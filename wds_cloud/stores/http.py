@@ -30,7 +30,7 @@ from ..errors import OpenError
 from ..urls import redact
 from . import direct
 from .aio import AsyncBody, guard_forks, run
-from .base import range_ignored, releaser
+from .base import answer_error, releaser
 from .retry import (
     Retrier,
     RetryableError,
@@ -143,10 +143,9 @@ class _HttpSource:
     def _judge(self, status: int, headers: Any, offset: int, close: Any) -> ObjectMeta:
         """What an answer says of the object, or (``close`` called) the error it is."""
         try:
-            if status >= 400:
-                raise status_error(status, self._url, "reading", offset=offset)
-            if offset and status != 206:
-                raise range_ignored(self._url, status)
+            error = answer_error(self._url, status, offset)
+            if error is not None:
+                raise error
             return _meta(headers, offset, status)
         except BaseException:
             close()
