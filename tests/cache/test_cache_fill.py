@@ -1,12 +1,13 @@
 """Regression tests for the shard cache's fill path (wds_cloud/cache/fill.py), against nginx and
 the fault proxy: the downloading reader tees the store's stream into a :class:`Fill`, the
 thread that reads each piece writes it and publishes the entry after the last one, readers
-elsewhere follow the growing file, and a ``wds-cache-pump`` thread pulls the rest when followers
-wait on an idle reader or a reader closes within ``FINISH_TAIL`` of the end.
+elsewhere follow the growing file, a ``wds-cache-pump`` thread pulls the rest when followers
+wait on an idle reader, and a reader closing within ``FINISH_TAIL`` of the end pulls it itself.
 
 1. a tar shard whose zero padding (after the end-of-archive blocks) comes late: the reader
    stops at the end-of-archive, the download still finishes, is published byte-exact, and a
-   second epoch asks the server for nothing;
+   second epoch asks the server for nothing; a reader closing near the end pulls the rest
+   itself and has published the entry when its close returns;
 2. a reader closing far from the end with nobody along: the download is dropped, nothing is
    left behind and the entry's lock is free;
 3. a full disk (``RLIMIT_FSIZE`` in a child): the reader gets every byte, uncached, from one
@@ -229,6 +230,35 @@ def test_late_tail_after_end_of_archive_is_published(
 
 
 # -- 2. a reader closing far from the end ----------------------------------------------------
+
+
+@pytest.mark.parametrize("left", [1, 300_000, FINISH_TAIL])
+def test_reader_closing_near_the_end_pulls_the_rest_itself(
+    nginx_server: NginxServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, left: int,
+) -> None:
+    """A reader closing ``left`` bytes (at most ``FINISH_TAIL``) before the end pulls them in
+    the closing thread, with no pump thread to start and wait for: the entry is published,
+    byte-exact, when ``close`` returns, from the one GET."""
+    shard = put_shard(nginx_server, f"near/end-{left}.tar", blob(3 * MiB, 9))
+    url, source, cache = shard.url, shard.source, tmp_path / "cache"
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def recording_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", recording_start)
+    stream = wds.gopen(url, cache_dir=str(cache))
+    head = b""
+    while len(head) < len(source) - left:
+        head += stream.read(len(source) - left - len(head))
+    stream.close()
+    assert head == source[:-left]
+    assert "wds-cache-pump" not in started
+    assert_published(cache, url, source)
+    assert wait_downloads(0)
+    assert shard.gets() == 1
 
 
 def test_reader_closing_early_drops_the_download(nginx_server: NginxServer,

@@ -258,9 +258,10 @@ class TeeStream(SequentialStream):
 
     The reader pulls from the store itself, so the download goes at its pace, as without a
     cache. When readers in other processes wait on the file (they hold shared locks on it,
-    which ``probe_fd`` detects) while this one is idle, or when this one closes early, a
-    thread (``wds-cache-pump``) pulls the rest; this reader then catches up from the file, or,
-    if the file could not be written, from ``reopen(pos)``: the store's stream from ``pos``.
+    which ``probe_fd`` detects) while this one is idle or closes early, a thread
+    (``wds-cache-pump``) pulls the rest; this reader then catches up from the file, or, if the
+    file could not be written, from ``reopen(pos)``: the store's stream from ``pos``. A close
+    within :data:`FINISH_TAIL` of the end pulls the rest itself.
     """
 
     def __init__(self, remote: BinaryIO, fill: Fill, *, version: str | None, probe_fd: int,
@@ -420,14 +421,32 @@ class TeeStream(SequentialStream):
             if orphaned:
                 self._remote.close()
 
+    def _pull_tail(self) -> None:
+        """Pull the last bytes (at most :data:`FINISH_TAIL`) in the closing thread, which would
+        otherwise start a pump and wait for it (a thread and a hand-off per shard: 10% of a
+        first epoch of 16 MiB shards on loopback). After :data:`_SETTLE` seconds (a store
+        holding the tail up) a pump takes over the rest and the close returns."""
+        deadline = time.monotonic() + _SETTLE
+        view = memoryview(bytearray(self._fill.size - self._fed))
+        with self._lock:
+            try:
+                while not self._done and self._feeding and time.monotonic() < deadline:
+                    self._pull(view)
+            except Exception:  # the fill ended with it (and says why); this reader is done
+                return
+        if not self._done and self._feeding:
+            self._start_pump()
+
     def close(self) -> None:
         if self.closed:
             return
         left = self._fill.size - self._fed
         if self._done or left <= 0:
             self._finish()
+        elif left <= FINISH_TAIL and not self._pumping:
+            self._pull_tail()  # a tar reader stops before the padding
         elif left <= FINISH_TAIL or self._pumping or self._followed():
-            self._start_pump()  # a tar reader stops before the padding; others read along
+            self._start_pump()  # others read along
             if left <= FINISH_TAIL:
                 self._fill.wait_finished(_SETTLE)
         else:
