@@ -19,16 +19,20 @@ default) and counts the bytes:
 (r), (t): no pipeline at all: each shard fetched from nginx with one ``http.client`` GET and
     read 1 MiB at a time; (t) also writes each piece to a new file as (w) does and adds it to a
     CRC-32, in the same thread. (t)/(r) is what writing every byte costs a bare loop here;
+(v), (u): no Python at all: one ``curl`` fetching every shard over one connection, to
+    ``/dev/null`` (v) or each to a new file (u): what writing every byte costs a native
+    downloader here (curl writes 16 KiB at a time; the time and CPU are curl's);
 (as), (bs): (a) and (b) through a link shaped to 1 Gbit/s (125 MB/s) shared by all
     connections: the tests' fault proxy (tests/stores/faultproxy.py, ``rate``) in front of
     nginx, as a desktop user's download would be.
 
-Printed, each the median of several interleaved repetitions (a, b, c, d, w, r, t, as, bs, a,
-...), so that drift in the machine's speed hits all alike, with its target: (b)/(a), the first
-epoch through the cache against uncached streaming (≥ 0.9×), beside (t)/(r), the same cost for
-a bare loop; (c)/(d), a warm epoch against local disk (≥ 0.9×); (bs)/(as), the first epoch on
-the shaped link (≥ 0.97×); and the CPU seconds per GB of this process (all threads, (b)'s
-writes included) in (b) against (a) (≤ 1.3×), beside (a)+(w): reading and writing the same
+Printed, each the median of several interleaved repetitions (a, b, c, d, w, r, t, v, u, as,
+bs, a, ...), so that drift in the machine's speed hits all alike, with its target: (b)/(a),
+the first epoch through the cache against uncached streaming (≥ 0.9×), beside (t)/(r), the
+same cost for a bare loop, and (u)/(v) for curl; (c)/(d), a warm epoch against local disk
+(≥ 0.9×); (bs)/(as), the first epoch on the shaped link (≥ 0.97×); and the CPU seconds per GB
+of this process (all threads, (b)'s writes included) in (b) against (a) (≤ 1.3×), beside
+(a)+(w): reading and writing the same
 bytes apart, about the least a cache that writes every byte can take here, and (t) against (r).
 
 The page cache cannot be dropped here: the shards served by nginx (a, b, d) and the cached
@@ -56,6 +60,7 @@ import pstats
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,7 +83,8 @@ from wds_cloud.cache.layout import crc32, preallocate
 MB = 10**6
 MEMBER = 2**20
 LINK = 125 * MB  # bytes per second: 1 Gbit/s, shared by all connections through the proxy
-MODES = ("a", "b", "c", "d", "w", "r", "t", "as", "bs")  # the order of each interleaved repetition
+# the order of each interleaved repetition
+MODES = ("a", "b", "c", "d", "w", "r", "t", "v", "u", "as", "bs")
 
 
 def make_shards(root: Path, count: int, size: int) -> list[str]:
@@ -154,6 +160,19 @@ def bare_loop(urls: list[str], where: Path | None = None) -> int:
     return total
 
 
+def curl_all(urls: list[str], where: Path | None = None) -> int:
+    """(v): one ``curl`` GETs every URL over one connection into ``/dev/null``; (u), with
+    ``where``: each into a new file there. The bytes it got."""
+    outputs = ["/dev/null"] * len(urls) if where is None else [
+        str(where / f"u-{i:04d}") for i in range(len(urls))]
+    if where is not None:
+        where.mkdir()
+    args = [arg for out, url in zip(outputs, urls, strict=True) for arg in ("-o", out, url)]
+    done = subprocess.run(["curl", "-sS", "--fail", "-w", "%{size_download}\\n", *args],
+                          check=True, capture_output=True, text=True)
+    return sum(int(line) for line in done.stdout.split())
+
+
 def fills_done(timeout: float = 120.0) -> None:
     """Wait for the cache's downloads of this process to publish."""
     if not wait_downloads(timeout):
@@ -161,9 +180,11 @@ def fills_done(timeout: float = 120.0) -> None:
 
 
 def cpu_seconds() -> float:
-    """CPU time (user + system) of this process so far, all threads."""
+    """CPU time (user + system) of this process so far, all threads, and of its children that
+    ended (curl)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime
 
 
 def timed(run: Callable[[], int], expect: int, cpu: list[float]) -> float:
@@ -230,20 +251,21 @@ def run(root: Path, count: int, size: int, repeats: int, profile: bool) -> None:
         fills_done()
         epoch(local)
         epoch(shaped)  # the proxy's connections to nginx are open
-        fresh = iter(str(scratch / f"fresh-{i}") for i in range(4 * repeats))
+        fresh = iter(str(scratch / f"fresh-{i}") for i in range(5 * repeats))
         served_bytes = sum((served / name).stat().st_size for name in names)  # (r), (t) read
         runs: dict[str, Callable[[], int]] = {
             "a": lambda: epoch(remote), "b": lambda: epoch(remote, next(fresh)),
             "c": lambda: epoch(remote, warm), "d": lambda: epoch(local),
             "w": lambda: write_files(Path(next(fresh)), count, size),
             "r": lambda: bare_loop(remote), "t": lambda: bare_loop(remote, Path(next(fresh))),
+            "v": lambda: curl_all(remote), "u": lambda: curl_all(remote, Path(next(fresh))),
             "as": lambda: epoch(shaped), "bs": lambda: epoch(shaped, next(fresh)),
         }
         times: dict[str, list[float]] = {mode: [] for mode in MODES}
         cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
         for _ in range(repeats):
             for mode in MODES:
-                expect = served_bytes if mode in ("r", "t") else total
+                expect = served_bytes if mode in ("r", "t", "v", "u") else total
                 times[mode].append(timed(runs[mode], expect, cpu[mode]))
                 for made in scratch.glob("fresh-*"):
                     shutil.rmtree(made)
@@ -256,10 +278,11 @@ def print_results(nginx: NginxServer, count: int, size: int, repeats: int,
                   times: dict[str, list[float]], cpu: dict[str, list[float]],
                   total: int) -> None:
     requests = sum(1 for e in nginx.access_log() if e.method == "GET" and "/cache-bench-" in e.uri)
-    # the warm fill, the shaped warm-up, then each (a), (b), (r), (t), (as) and (bs)
-    expected = count * (2 + 6 * repeats)
+    # the warm fill, the shaped warm-up, then each (a), (b), (r), (t), (v), (u), (as) and (bs)
+    expected = count * (2 + 8 * repeats)
     gets = (f"nginx served {requests} shard GETs, one per shard for the warm fill, the shaped "
-            "warm-up and each (a), (b), (r), (t), (as) and (bs) run: the warm epochs made none"
+            "warm-up and each (a), (b), (r), (t), (v), (u), (as) and (bs) run: the warm epochs "
+            "made none"
             if requests == expected else f"nginx served {requests} shard GETs, {expected} "
             "expected")
     rate = {mode: total / statistics.median(t) / MB for mode, t in times.items()}
@@ -280,6 +303,12 @@ def print_results(nginx: NginxServer, count: int, size: int, repeats: int,
           f"{bare / teed:.2f}× (no target: what writing every byte costs in the reading thread "
           f"on this machine; runs {_spread(times['t'], total)} vs {_spread(times['r'], total)} "
           f"MB/s; rates count the payload, as above)", flush=True)
+    saved, dropped = statistics.median(times["u"]), statistics.median(times["v"])
+    print(f"(u)/(v) curl saving each shard to a new file vs to /dev/null: "
+          f"{total / saved / MB:,.0f} MB/s vs {total / dropped / MB:,.0f} MB/s, ratio "
+          f"{dropped / saved:.2f}× (no target: what writing every byte costs a native "
+          f"downloader here; runs {_spread(times['u'], total)} vs {_spread(times['v'], total)} "
+          "MB/s)", flush=True)
     gb = total / 1e9
     per_gb = {mode: statistics.median(v) / gb for mode, v in cpu.items()}
     floor = per_gb["a"] + per_gb["w"]
@@ -288,10 +317,11 @@ def print_results(nginx: NginxServer, count: int, size: int, repeats: int,
           f"(target ≤ 1.3×; median of {repeats}); writing alone (w) takes {per_gb['w']:.2f} "
           f"s/GB here, so reading and writing apart, (a)+(w), take {floor:.2f} s/GB, "
           f"{floor / per_gb['a']:.2f}× (how warm the pages a write gets are varies); the bare "
-          f"loop: {per_gb['t']:.2f} vs {per_gb['r']:.2f}, {per_gb['t'] / per_gb['r']:.2f}×",
+          f"loop: {per_gb['t']:.2f} vs {per_gb['r']:.2f}, {per_gb['t'] / per_gb['r']:.2f}×; "
+          f"curl: {per_gb['u']:.2f} vs {per_gb['v']:.2f}, {per_gb['u'] / per_gb['v']:.2f}×",
           flush=True)
     print("CPU seconds of this process per GB (median [runs]; all threads, the cache's "
-          "writes included): " + ", ".join(
+          "writes included; curl's for (u) and (v)): " + ", ".join(
               f"({k}) {per_gb[k]:.2f} [{'/'.join(f'{c / gb:.2f}' for c in v)}]"
               for k, v in cpu.items()), flush=True)
 
