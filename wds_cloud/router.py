@@ -166,7 +166,7 @@ class Router:
         if split_scheme(resolved)[0] in ("", "file"):
             return False
         cache = self.cache()
-        return cache is None or not cache.wants(resolved) or cache.published(resolved) is None
+        return cache is None or not cache.wants(resolved) or not cache.on_disk(resolved)
 
     def _open(self, url: str, resolved: str, mode: str, options: dict[str, Any]) -> BinaryIO:
         opener = openers.get_opener(resolved)

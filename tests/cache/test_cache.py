@@ -100,7 +100,9 @@ def test_a_miss_makes_one_get_and_a_hit_none(nginx_server: NginxServer, tmp_path
 def test_a_cache_directory_removed_between_two_runs_is_made_again(
         nginx_server: NginxServer, tmp_path: Path) -> None:
     """A user deletes the cache (or a part of it) between two runs in one process: the next
-    run reads the store again and fills the directory anew, as on a first run."""
+    run reads the store again and fills the directory anew, as on a first run. Without
+    ``locks/`` the entries are still hits; without ``locks/`` and ``meta/`` they are not
+    (no record), and are dropped and downloaded again."""
     store = nginx_server.new_store()
     keys, expected, _ = _seed(store, 2)
     urls = [store.url(k) for k in keys]
@@ -108,8 +110,10 @@ def test_a_cache_directory_removed_between_two_runs_is_made_again(
     assert _keys(_read(urls, cache_dir=str(cache))) == expected
     assert len(settled(cache)) == 2
     gets = 1
-    for removed, fetched in ((cache, True), (cache / "locks", False), (cache / "data", True)):
-        shutil.rmtree(removed)
+    for removed, fetched in (((cache,), True), ((cache / "locks",), False),
+                             ((cache / "data",), True), ((cache / "locks", cache / "meta"), True)):
+        for directory in removed:
+            shutil.rmtree(directory)
         assert _keys(_read(urls, cache_dir=str(cache))) == expected
         assert len(settled(cache)) == 2
         gets += fetched  # without "locks" the entries are still there: hits

@@ -158,11 +158,15 @@ class ShardCache:
         key, name = url_key(entry_url(url)), self.entry_name(url)
         return self.layout.data(name) if self._published(name, key, skip=None) else None
 
+    def on_disk(self, url: str) -> bool:
+        """Whether ``url``'s entry has a file in ``data/``: one ``stat``, for a caller that only
+        needs a hint (is the first byte a round trip away?); :meth:`open` checks the entry."""
+        return os.path.exists(self.layout.data(self.entry_name(url)))
+
     def open(self, url: str, open_stream: Callable[[], BinaryIO]) -> BinaryIO:
         """A read stream of ``url`` from the cache; ``open_stream()`` opens it at the store
         (called at most once, and only when the store has to be asked). A local path is the
         entry of the file it names, wherever it is read from."""
-        self.layout.ensure()
         self.layout.record_bound(self.max_bytes)
         url = entry_url(url)
         name = self.layout.name_for(url, self.url_to_name)
@@ -200,6 +204,8 @@ class ShardCache:
                     continue
                 self.report.note("hit", url, name)
                 return _positioned(stream, record.version, pos, version, url)
+            self.layout.ensure()  # made again if removed; a hit needs none of it
+            self.layout.record_bound(self.max_bytes)  # if it could not be noted before
             lock = self.layout.try_lock(name)
             if lock is not None:
                 if self._published(name, key, skip=stale):
@@ -352,6 +358,7 @@ class ShardCache:
         return self.room.evict(name)
 
     def _discard(self, name: str, url: str, problem: str) -> None:
+        self.layout.ensure()
         lock = self.layout.try_lock(name)
         if lock is None:
             return
