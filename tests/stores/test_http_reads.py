@@ -31,7 +31,7 @@ from wds_cloud.errors import WdsCloudError
 from wds_cloud.router import gopen
 from wds_cloud.settings import Settings
 from wds_cloud.stores.aio import AsyncBody
-from wds_cloud.stores.direct import DirectBody, default_tls
+from wds_cloud.stores.direct import _DRAIN, _DRAIN_WAIT, DirectBody, default_tls
 from wds_cloud.stores.http import _filesystem, _sendable
 
 FAST = Settings(retries=1, retry_backoff=0.01, retry_backoff_max=0.02)
@@ -94,6 +94,7 @@ class _Recorder(http.server.ThreadingHTTPServer):
         self.closed: list[int] = []  # the client's port of each connection that has ended
         self.drop = ""  # "after": close each connection after an answer, without saying so;
         # "second": close a connection asked a second request, without answering it
+        self.late = (0, 0.0)  # the last (bytes) of each answer come after (seconds)
 
     @property
     def base(self) -> str:
@@ -142,7 +143,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(DATA) - start))
         self.send_header("ETag", '"v1"')
         self.end_headers()
-        self.wfile.write(DATA[start:])
+        late, pause = self.server.late
+        self.wfile.write(DATA[start:len(DATA) - late])
+        if late:
+            self.wfile.flush()
+            time.sleep(pause)
+            self.wfile.write(DATA[len(DATA) - late:])
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -264,6 +270,46 @@ def test_tls_connections_are_kept_too(tls_server: tuple[_Recorder, Path],
         assert len(server.ports) == 3 and len(set(server.ports)) == 1  # one handshake
     finally:
         default_tls.cache_clear()
+
+
+@pytest.mark.parametrize(("left", "kept"), [(1, True), (10_240, True), (_DRAIN, True),
+                                            (_DRAIN + 1, False)])
+def test_an_answer_closed_near_its_end_is_read_out_and_its_connection_kept(
+        recorders: tuple[_Recorder, _Recorder], left: int, kept: bool) -> None:
+    """A tar reader stops at the end-of-archive blocks, before the archive's padding: an
+    answer closed within ``_DRAIN`` bytes of its end is read out and its connection carries
+    the next request; one closed farther from its end closes its connection."""
+    first, _ = recorders
+    assert _read_whole(f"{first.base}/data.bin", len(DATA) - left) == DATA[:-left]
+    assert _read_whole(f"{first.base}/data.bin") == DATA
+    assert len(first.ports) == 2 and (first.ports[0] == first.ports[1]) == kept
+
+
+def test_a_rest_that_does_not_come_closes_the_connection(
+        recorders: tuple[_Recorder, _Recorder]) -> None:
+    """The rest of an answer closed near its end is waited for at most ``_DRAIN_WAIT``
+    seconds: then the close returns, the connection is closed, the next read gets a new
+    one and the whole object."""
+    first, _ = recorders
+    first.late = (1000, 3.0)
+    stream = gopen(f"{first.base}/data.bin", "rb", settings=FAST)
+    assert stream.read(len(DATA) - 1000) == DATA[:-1000]
+    started = time.monotonic()
+    stream.close()
+    assert time.monotonic() - started < _DRAIN_WAIT + 1.0 < 3.0
+    first.late = (0, 0.0)
+    assert _read_whole(f"{first.base}/data.bin") == DATA
+    assert len(first.ports) == 2 and first.ports[0] != first.ports[1]
+    assert wait_until(lambda: first.ports[0] in first.closed)
+
+
+def wait_until(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 @pytest.mark.parametrize("drop", ["after", "second"])

@@ -19,7 +19,9 @@ A connection whose answer was read to its end (and that the server keeps open) c
 request to the same server, as aiohttp's pool and ``curl`` do: many small objects over TLS then
 pay one handshake, not one each. Idle connections are kept per process, a few per server, for
 a few seconds; one the server closed meanwhile is dropped, and a request it could not carry is
-sent again on a new connection. A body closed before its end closes its connection.
+sent again on a new connection. A body closed within :data:`_DRAIN` bytes of its end is read
+out first, so that its connection is kept too (a tar reader stops at the end-of-archive blocks,
+before the archive's padding); one closed farther from its end closes its connection.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ _ERROR_TEXT = 64 * 1024  # of an error's body, enough for its XML
 _SLICE = 1 << 20  # the most a failure loses of what has arrived (see DirectBody)
 _IDLE_MAX = 8  # idle connections kept per server
 _IDLE_SECONDS = 10.0  # kept idle at most this long (servers close theirs after 5 s to minutes)
+#: an answer closed this close to its end is read out, its connection kept (the padding after a
+#: tar archive's end: under 10 KiB in the 10,240-byte records of tarfile and GNU tar)
+_DRAIN = 64 * 1024
+_DRAIN_WAIT = 0.5  # seconds the rest may take to come; else the connection is closed
 
 #: a server as connections to it are kept: scheme, host, port, the TLS context (None: http)
 Server = tuple[str, str, int | None, ssl.SSLContext | None]
@@ -162,6 +168,7 @@ class DirectBody:
         self._server = server
         self._pid = os.getpid()
         self._careful = careful
+        self._reading = threading.Lock()  # held by a read: close then must not drain
         self._failure: BaseException | None = None
         self.status: int = resp.status
         self.headers: http.client.HTTPMessage = resp.headers
@@ -201,17 +208,31 @@ class DirectBody:
         handed over, and the failure is raised by the next call."""
         got = 0
         try:
-            while got < size and self._failure is None:
-                n = step(size - got)
-                if not n:
-                    break
-                got += n
+            with self._reading:
+                while got < size and self._failure is None:
+                    n = step(size - got)
+                    if not n:
+                        break
+                    got += n
         except (OSError, http.client.HTTPException) as exc:
             self._failure = exc
         if self._failure is not None and not got:
             raise RetryableError(f"connection failed while reading {redact(self._url)}: "
                                  f"{reason(self._failure)}") from self._failure
         return got
+
+    def _drain(self) -> None:
+        """Read the rest of an answer closed within :data:`_DRAIN` bytes of its end, waiting
+        at most :data:`_DRAIN_WAIT` for it (the next request sets the timeout again)."""
+        resp = self._resp
+        if resp.length is None or resp.length > _DRAIN:
+            return
+        try:
+            self._sock.settimeout(_DRAIN_WAIT)
+            while resp.length and resp.read(resp.length):
+                pass
+        except (OSError, http.client.HTTPException) as exc:
+            self._failure = exc
 
     def error_text(self) -> str:
         """The start of an error answer's body (an S3 ``<Error>`` document), or ``""``."""
@@ -221,15 +242,23 @@ class DirectBody:
             return ""
 
     def close(self) -> None:
-        """Keep the connection for the next request when the answer was read to its end and
-        the server keeps it open; else close it: a read blocked on it in another thread
-        returns at once (closing the response alone would wait for that read, up to the
-        timeout). A forked child closes only its own descriptor: the connection is still its
-        parent's."""
-        resp, mine = self._resp, os.getpid() == self._pid
-        if (mine and self._server is not None and self._failure is None and resp.isclosed()
-                and not resp.will_close and self._conn.sock is self._sock):
-            _idle().give(self._server, self._conn)
+        """Keep the connection for the next request when the answer was read to its end (or
+        is read out now: see :data:`_DRAIN`) and the server keeps it open; else close it: a
+        read blocked on it in another thread returns at once (closing the response alone
+        would wait for that read, up to the timeout). A forked child closes only its own
+        descriptor: the connection is still its parent's."""
+        resp, server = self._resp, self._server
+        mine = os.getpid() == self._pid
+        keeps = mine and server is not None and not resp.will_close
+        if (keeps and not resp.isclosed() and self._failure is None
+                and self._reading.acquire(blocking=False)):  # else another thread is reading
+            try:
+                self._drain()
+            finally:
+                self._reading.release()
+        if (keeps and server is not None and self._failure is None and resp.isclosed()
+                and self._conn.sock is self._sock):
+            _idle().give(server, self._conn)
             self._server = None
             return
         if mine:
