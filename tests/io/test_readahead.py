@@ -206,6 +206,29 @@ def test_same_samples_as_without_readahead_and_one_open_each(
     assert _threads_end() == []
 
 
+
+def test_a_thread_waits_for_the_next_shard_rather_than_end(
+        shards: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-ahead thread that finds no shard to open waits for the next one instead of
+    ending, so that the consumer does not start a thread for every shard: over 32 shards at
+    most ``depth`` threads are started, and they end at close."""
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def recording_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", recording_start)
+    sources = [{"url": u} for u in shards * 4]
+    opener = SlowOpener()
+    got = list(_with_readahead(sources, opener, depth=2, max_bytes=1 << 20))
+    assert got == _baseline(sources)
+    assert Counter(opener.opens()) == Counter(shards * 4)
+    assert 1 <= started.count(THREAD) <= 2
+    assert _threads_end() == []
+
+
 def test_only_urls_worth_it_are_opened_ahead(shards: list[str]) -> None:
     """``worth`` says which shards are opened ahead; the others are opened when asked for,
     and every shard still reads the same."""

@@ -12,8 +12,9 @@ Contract:
 
 - ``sources(src)`` yields the items of ``src`` unchanged and in order. When it yields item *k*,
   items *k+1 … k+depth* have been pulled from ``src`` and are being opened by at most ``depth``
-  daemon threads named ``wds-readahead``; item *k+depth+1* is not pulled before the consumer asks
-  for item *k+1*. Items without a URL pass through without being opened. An item marked
+  daemon threads named ``wds-readahead`` (a thread with nothing to open waits a few seconds for
+  the next shard before it ends); item *k+depth+1* is not pulled before the consumer asks for
+  item *k+1*. Items without a URL pass through without being opened. An item marked
   ``{"url": ..., "readahead": False}`` comes from a queue that recycles a shard when the next
   one is asked for (``DirectoryShardList``): from it on nothing is pulled ahead.
 - ``worth(url)``, when given, says which URLs are worth opening ahead (those whose first byte
@@ -65,6 +66,7 @@ T = TypeVar("T")
 THREAD_NAME = "wds-readahead"
 _PIECE = 1 << 20  # pre-read in pieces of this size, checking for cancellation in between
 _JOIN_TIMEOUT = 1.0  # seconds close() waits, in all, for busy threads
+_LINGER = 10.0  # seconds an idle thread waits for the next shard before it ends
 
 # a slot goes _QUEUED -> _OPENING -> _READING -> _READY (an open that failed: straight to
 # _READY), or to _CLOSED from any of these when discarded; the consumer takes a slot out of
@@ -138,11 +140,13 @@ class ReadAhead:
         self.depth = depth
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # a slot queued, or closed
         self._queue: deque[_Slot] = deque()  # slots no thread has claimed yet, in order
         self._pending: deque[tuple[Any, _Slot | None]] = deque()  # pulled, not yet yielded
         self._current: _Slot | None = None  # the slot of the item just yielded, until taken
         self._threads: list[threading.Thread] = []
         self._workers = 0
+        self._idle = 0  # workers waiting for a slot (see _work)
         self._in_flight = 0  # budget held: reserved and pre-read bytes not yet consumed
         self._buffered = 0  # pre-read bytes not yet consumed
         self._stats = ReadAheadStats()
@@ -260,10 +264,14 @@ class ReadAhead:
     # -- background threads ------------------------------------------------------------------
 
     def _schedule(self, url: str) -> _Slot:
-        """Queue ``url``; start a thread for it unless ``depth`` threads are at work."""
+        """Queue ``url``; wake a waiting thread for it, or start one unless ``depth`` threads
+        are at work."""
         slot = _Slot(url)
         with self._lock:
             self._queue.append(slot)
+            if self._idle >= len(self._queue):
+                self._wake.notify()
+                return slot
             if self._workers >= self.depth:
                 return slot
             self._workers += 1
@@ -280,9 +288,17 @@ class ReadAhead:
         return slot
 
     def _work(self) -> None:
-        """Prepare queued slots one after the other; end when none is left."""
+        """Prepare queued slots one after the other; end when none came for :data:`_LINGER`
+        seconds (the next shard is usually scheduled before then: no thread to start for
+        it, which takes a GIL hand-off from the consumer), or at close."""
         while True:
             with self._lock:
+                if not self._queue and not self._closed:
+                    self._idle += 1
+                    try:
+                        self._wake.wait_for(lambda: self._closed or bool(self._queue), _LINGER)
+                    finally:
+                        self._idle -= 1
                 if self._closed or not self._queue:
                     self._workers -= 1
                     return
@@ -389,6 +405,7 @@ class ReadAhead:
             if self._closed:
                 return
             self._closed = True
+            self._wake.notify_all()
             self._pieces.close()
             slots = [s for _, s in self._pending if s is not None]
             if self._current is not None:
