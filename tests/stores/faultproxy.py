@@ -27,6 +27,9 @@ time with ``POST /__fault__/config``; decisions come from one ``random.Random(se
                    (a shaped link: one token bucket shared by every response, bursts of
                    at most :data:`_BURST` bytes; 0, the default: no limit); not a fault,
                    so ``only_paths`` and ``only_methods`` do not narrow it
+``conn_rate``      bytes per second for each response body on its own (a store whose
+                   single connection is slower than the link, as S3's is); with ``rate``,
+                   both limits hold
 =================  ====================================================================
 
 Control: ``GET /__fault__/config``, ``POST /__fault__/config`` (JSON object, merged),
@@ -75,6 +78,7 @@ DEFAULTS: dict[str, Any] = {
     "only_paths": "",
     "only_methods": [],
     "rate": 0,
+    "conn_rate": 0,
     "seed": 0,
 }
 _HOP_BY_HOP = frozenset({
@@ -105,7 +109,7 @@ def check_config(changes: dict[str, Any]) -> dict[str, Any]:
             value = float(value)
         elif isinstance(default, int):
             value = int(value)
-        if key.endswith("_rate") or key == "truncate":
+        if (key.endswith("_rate") and key != "conn_rate") or key == "truncate":  # fractions
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{key} must be between 0 and 1, got {value}")
         elif isinstance(value, (int, float)) and value < 0:
@@ -295,19 +299,19 @@ class FaultProxyApp:
         if request.method == "HEAD" or upstream.status in (204, 304):
             await resp.write_eof()
             return resp
-        sent = 0
+        sent, own = 0, Link()  # own: this response's share when ``conn_rate`` is set
         stop_at = plan.get("stop_at")
         stall_at = plan.get("stall_at")
         async for chunk in upstream.content.iter_chunked(_CHUNK):
             if stall_at is not None and sent + len(chunk) >= stall_at:
                 head, chunk = chunk[: stall_at - sent], chunk[stall_at - sent:]
-                sent += await self._write(resp, head, entry)
+                sent += await self._write(resp, head, entry, own)
                 stall_at = None
                 await asyncio.sleep(self.config["stall"])
             if stop_at is not None and sent + len(chunk) >= stop_at:
-                sent += await self._write(resp, chunk[: stop_at - sent], entry)
+                sent += await self._write(resp, chunk[: stop_at - sent], entry, own)
                 self._cut(request, plan["mode"])
-            sent += await self._write(resp, chunk, entry)
+            sent += await self._write(resp, chunk, entry, own)
         await resp.write_eof()
         return resp
 
@@ -326,15 +330,19 @@ class FaultProxyApp:
                 return {"kind": "cut", "stop_at": at, "mode": cfg["cut_mode"]}
         return {}
 
-    async def _write(self, resp: web.StreamResponse, data: bytes, entry: dict[str, Any]) -> int:
-        """Send ``data`` (through the shaped link when ``rate`` is set)."""
-        rate = self.config["rate"]
-        step = _BURST if rate else max(1, len(data))
+    async def _write(self, resp: web.StreamResponse, data: bytes, entry: dict[str, Any],
+                     own: Link) -> int:
+        """Send ``data`` (through the shaped link when ``rate`` is set, and at most
+        ``conn_rate`` for this response, ``own``)."""
+        rate, own_rate = self.config["rate"], self.config["conn_rate"]
+        step = _BURST if rate or own_rate else max(1, len(data))
         view = memoryview(data)  # pieces without copies (``data`` is bytes: immutable)
         for at in range(0, len(view), step):
             piece = view[at:at + step]
             if rate:
                 await self.link.send(len(piece), rate)
+            if own_rate:
+                await own.send(len(piece), own_rate)
             await resp.write(piece)
             entry["bytes"] += len(piece)
             self.stats.bytes_sent += len(piece)

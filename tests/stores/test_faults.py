@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
+import time
+import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -121,3 +125,30 @@ def test_exhausted_retries_reach_the_handler_with_url_and_offset(
     # the broken shard's complete samples came through, then every sample of the next one
     assert keys[-8:] == [f"s01-{i:05d}" for i in range(8)]
     assert all(k.startswith("s00-") for k in keys[:-8])
+
+
+@pytest.mark.parametrize(("shaping", "shared"), [("rate", True), ("conn_rate", False)])
+def test_the_proxy_shapes_the_link_or_each_connection(
+    shaping: str, shared: bool, store_factory: StoreFactory, fault_proxy: ProxyFactory,
+) -> None:
+    """The benchmarks' links: ``rate`` is shared by all responses (two at once take twice as
+    long as one), ``conn_rate`` holds for each on its own (two at once take as long as one);
+    either way every byte arrives."""
+    store = store_factory("http")
+    body = random.Random(7).randbytes(2 * MB)
+    store.put("shaped/body.bin", body)
+    proxy = fault_proxy(store, **{shaping: 4 * MB})
+    url = store.proxied(proxy).url("shaped/body.bin")
+
+    def fetch() -> bytes:
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return bytes(answer.read())
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(lambda _: fetch(), range(2))) == [body, body]
+    took = time.monotonic() - start
+    one = (2 * MB - 256 * 1024) / (4 * MB)  # a burst goes out at once
+    assert took >= (2 * one if shared else one) * 0.9
+    if not shared:
+        assert took < 2 * one  # both at once, each at its own rate
