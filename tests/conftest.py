@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -28,3 +29,17 @@ def _clean_wds_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(_OURS) or name in _DIST:
             monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def thread_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads started during the test, in order."""
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def recording_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", recording_start)
+    return started

@@ -234,28 +234,20 @@ def test_late_tail_after_end_of_archive_is_published(
 
 @pytest.mark.parametrize("left", [1, 300_000, FINISH_TAIL])
 def test_reader_closing_near_the_end_pulls_the_rest_itself(
-    nginx_server: NginxServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, left: int,
+    nginx_server: NginxServer, tmp_path: Path, thread_starts: list[str], left: int,
 ) -> None:
     """A reader closing ``left`` bytes (at most ``FINISH_TAIL``) before the end pulls them in
     the closing thread, with no pump thread to start and wait for: the entry is published,
     byte-exact, when ``close`` returns, from the one GET."""
     shard = put_shard(nginx_server, f"near/end-{left}.tar", blob(3 * MiB, 9))
     url, source, cache = shard.url, shard.source, tmp_path / "cache"
-    started: list[str] = []
-    start = threading.Thread.start
-
-    def recording_start(thread: threading.Thread) -> None:
-        started.append(thread.name)
-        start(thread)
-
-    monkeypatch.setattr(threading.Thread, "start", recording_start)
     stream = wds.gopen(url, cache_dir=str(cache))
     head = b""
     while len(head) < len(source) - left:
         head += stream.read(len(source) - left - len(head))
     stream.close()
     assert head == source[:-left]
-    assert "wds-cache-pump" not in started
+    assert "wds-cache-pump" not in thread_starts
     assert_published(cache, url, source)
     assert wait_downloads(0)
     assert shard.gets() == 1

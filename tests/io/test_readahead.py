@@ -208,24 +208,16 @@ def test_same_samples_as_without_readahead_and_one_open_each(
 
 
 def test_a_thread_waits_for_the_next_shard_rather_than_end(
-        shards: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        shards: list[str], thread_starts: list[str]) -> None:
     """A read-ahead thread that finds no shard to open waits for the next one instead of
     ending, so that the consumer does not start a thread for every shard: over 32 shards at
     most ``depth`` threads are started, and they end at close."""
-    started: list[str] = []
-    start = threading.Thread.start
-
-    def recording_start(thread: threading.Thread) -> None:
-        started.append(thread.name)
-        start(thread)
-
-    monkeypatch.setattr(threading.Thread, "start", recording_start)
     sources = [{"url": u} for u in shards * 4]
     opener = SlowOpener()
     got = list(_with_readahead(sources, opener, depth=2, max_bytes=1 << 20))
     assert got == _baseline(sources)
     assert Counter(opener.opens()) == Counter(shards * 4)
-    assert 1 <= started.count(THREAD) <= 2
+    assert 1 <= thread_starts.count(THREAD) <= 2
     assert _threads_end() == []
 
 

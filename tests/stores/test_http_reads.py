@@ -96,6 +96,13 @@ class _Recorder(http.server.ThreadingHTTPServer):
         # "second": close a connection asked a second request, without answering it
         self.late = (0, 0.0)  # the last (bytes) of each answer come after (seconds)
 
+    def ended(self, port: int, timeout: float = 10.0) -> bool:
+        """Whether the connection from the client's ``port`` ends within ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while port not in self.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return port in self.closed
+
     @property
     def base(self) -> str:
         scheme = "https" if isinstance(self.socket, ssl.SSLSocket) else "http"
@@ -300,16 +307,7 @@ def test_a_rest_that_does_not_come_closes_the_connection(
     first.late = (0, 0.0)
     assert _read_whole(f"{first.base}/data.bin") == DATA
     assert len(first.ports) == 2 and first.ports[0] != first.ports[1]
-    assert wait_until(lambda: first.ports[0] in first.closed)
-
-
-def wait_until(check: Callable[[], bool], seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+    assert first.ended(first.ports[0])
 
 
 @pytest.mark.parametrize("drop", ["after", "second"])
@@ -396,11 +394,7 @@ def test_a_connection_closed_by_the_parent_is_closed_while_a_forked_child_lives(
     try:
         assert proc.stdout is not None and proc.stdin is not None
         assert proc.stdout.readline() == "closed\n"
-        kept = first.ports[0]
-        deadline = time.monotonic() + 10
-        while kept not in first.closed and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert kept in first.closed, "the child keeps the parent's connection open"
+        assert first.ended(first.ports[0]), "the child keeps the parent's connection open"
         proc.stdin.write("\n")
         proc.stdin.flush()
         assert proc.wait(30) == 0
