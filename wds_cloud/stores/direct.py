@@ -249,18 +249,17 @@ class DirectBody:
         descriptor: the connection is still its parent's."""
         resp, server = self._resp, self._server
         mine = os.getpid() == self._pid
-        keeps = mine and server is not None and not resp.will_close
-        if (keeps and not resp.isclosed() and self._failure is None
-                and self._reading.acquire(blocking=False)):  # else another thread is reading
-            try:
-                self._drain()
-            finally:
-                self._reading.release()
-        if (keeps and server is not None and self._failure is None and resp.isclosed()
-                and self._conn.sock is self._sock):
-            _idle().give(server, self._conn)
-            self._server = None
-            return
+        if mine and server is not None and not resp.will_close:
+            if (not resp.isclosed() and self._failure is None
+                    and self._reading.acquire(blocking=False)):  # else another thread reads
+                try:
+                    self._drain()
+                finally:
+                    self._reading.release()
+            if self._failure is None and resp.isclosed() and self._conn.sock is self._sock:
+                _idle().give(server, self._conn)
+                self._server = None
+                return
         if mine:
             with contextlib.suppress(OSError):  # already shut down, or reset by the peer
                 self._sock.shutdown(socket.SHUT_RDWR)
