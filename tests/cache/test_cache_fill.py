@@ -53,8 +53,9 @@ from stores.procs import child_env
 import wds_cloud as wds
 from wds_cloud.cache import ShardCache, wait_downloads
 from wds_cloud.cache import admin as cacheadmin
-from wds_cloud.cache.fill import FINISH_TAIL, WRITE_BYTES
+from wds_cloud.cache.fill import WRITE_BYTES
 from wds_cloud.cache.layout import CacheLayout, preallocate
+from wds_cloud.cache.tee import FINISH_TAIL
 
 MiB = 1 << 20
 

@@ -16,7 +16,7 @@ from .admin import (
     verify,
 )
 from .eviction import CacheLog, Room
-from .fill import FINISH_TAIL, Fill, TeeStream, wait_fills
+from .fill import Fill, wait_fills
 from .follow import FillGone, GrowingFile
 from .layout import (
     DISK_BLOCK,
@@ -32,6 +32,7 @@ from .shardcache import (
     ShardCache,
     wait_downloads,
 )
+from .tee import FINISH_TAIL, TeeStream
 from .webdataset import (
     FileCache,
     LRUCleanup,

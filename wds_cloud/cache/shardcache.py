@@ -45,7 +45,7 @@ from ..errors import TransferError
 from ..settings import Settings, expand_path, human_size
 from ..urls import redact, split_scheme
 from .eviction import CacheLog, Room
-from .fill import Fill, TeeStream, wait_fills
+from .fill import Fill, wait_fills
 from .follow import FillGone, GrowingFile
 from .layout import (
     CacheLayout,
@@ -58,6 +58,7 @@ from .layout import (
     url_key,
     write_atomic,
 )
+from .tee import TeeStream
 
 __all__ = ["CacheEntry", "CacheUsage", "ShardCache", "wait_downloads"]
 

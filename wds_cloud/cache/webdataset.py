@@ -50,9 +50,9 @@ from ..errors import CacheError, ShardFormatError
 from ..handlers import Handler, reraise_exception
 from ..settings import Settings, expand_path, parse_size
 from ..urls import redact
-from .fill import TeeStream
 from .follow import GrowingFile
 from .shardcache import ShardCache
+from .tee import TeeStream
 
 if TYPE_CHECKING:
     from ..router import Router
