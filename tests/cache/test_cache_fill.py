@@ -1,8 +1,9 @@
-"""Regression tests for the shard cache's fill path (wds_cloud/cache/fill.py), against nginx and
-the fault proxy: the downloading reader tees the store's stream into a :class:`Fill`, the
-thread that reads each piece writes it and publishes the entry after the last one, readers
-elsewhere follow the growing file, a ``wds-cache-pump`` thread pulls the rest when followers
-wait on an idle reader, and a reader closing within ``FINISH_TAIL`` of the end pulls it itself.
+"""Regression tests for the shard cache's fill path (wds_cloud/cache/fill.py and tee.py),
+against nginx and the fault proxy: the downloading reader tees the store's stream into a
+:class:`Fill`, the thread that reads each piece writes it and publishes the entry after the
+last one, readers elsewhere follow the growing file, a ``wds-cache-pump`` thread pulls the
+rest when followers wait on an idle reader, and a reader closing within ``FINISH_TAIL`` of the
+end pulls it itself.
 
 1. a tar shard whose zero padding (after the end-of-archive blocks) comes late: the reader
    stops at the end-of-archive, the download still finishes, is published byte-exact, and a
