@@ -15,6 +15,9 @@ a shard it pre-read. Contract of the returned stream:
   caller reuses: ``recycle``, when given, gets each chunk back once its bytes are copied out
   (or the stream is closed); nothing here refers to it after that.
 - Other attributes (``local_path``, ``name``, …) are ``raw``'s; closing the stream closes ``raw``.
+- ``on_pace``, when given, gets ``(bytes, seconds)`` of each read from ``raw`` after the
+  pre-read bytes: how fast the connection serves its reader (see
+  :class:`~wds_cloud.io.readahead.ReadAhead`).
 
 This module is layer-neutral: standard library only.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, BinaryIO, cast
@@ -35,13 +39,22 @@ Chunk = bytes | memoryview
 
 def prefetched_stream(raw: BinaryIO, chunks: deque[Chunk], error: Exception | None,
                       on_drained: Callable[[], None],
-                      recycle: Callable[[Chunk], None] | None = None) -> BinaryIO:
-    """``raw`` itself when there is nothing to serve first (``on_drained`` is called now),
-    else a :class:`PrefetchedStream` over it (see the module doc)."""
+                      recycle: Callable[[Chunk], None] | None = None, *,
+                      on_pace: Callable[[int, float], None] | None = None) -> BinaryIO:
+    """``raw`` itself when there is nothing to serve first (``on_drained`` is called now) and
+    nobody to tell the pace of its reads, else a :class:`PrefetchedStream` over it (see the
+    module doc)."""
     if not chunks and error is None:
         on_drained()
-        return raw
-    return cast(BinaryIO, PrefetchedStream(raw, chunks, error, on_drained, recycle))
+        if on_pace is None:
+            return raw
+        on_drained = _nothing
+    return cast(BinaryIO, PrefetchedStream(raw, chunks, error, on_drained, recycle,
+                                           on_pace=on_pace))
+
+
+def _nothing() -> None:
+    pass
 
 
 class PrefetchedStream(io.RawIOBase):
@@ -52,8 +65,10 @@ class PrefetchedStream(io.RawIOBase):
 
     def __init__(self, raw: BinaryIO, chunks: deque[Chunk], error: Exception | None,
                  on_drained: Callable[[], None],
-                 recycle: Callable[[Chunk], None] | None = None) -> None:
+                 recycle: Callable[[Chunk], None] | None = None, *,
+                 on_pace: Callable[[int, float], None] | None = None) -> None:
         super().__init__()
+        self._on_pace = on_pace
         self._raw = raw
         self._chunks = chunks
         self._recycle = recycle
@@ -103,7 +118,10 @@ class PrefetchedStream(io.RawIOBase):
             return len(data)
         self._check_open()
         if not self._chunks:
+            start = time.perf_counter()
             n = cast(int, self._raw.readinto(view)) or 0
+            if self._on_pace is not None:
+                self._on_pace(n, time.perf_counter() - start)
             self._pos += n
             return n
         parts, _ = self._serve(len(view))  # pre-read bytes, copied once, into ``view``
@@ -160,7 +178,11 @@ class PrefetchedStream(io.RawIOBase):
     def _read_raw(self, size: int) -> bytes:
         if self._error is not None:
             raise self._error
-        return self._raw.read(size)
+        start = time.perf_counter()
+        data: bytes = self._raw.read(size)
+        if self._on_pace is not None:
+            self._on_pace(len(data), time.perf_counter() - start)
+        return data
 
     def _drained(self) -> None:
         callback, self._on_drained = self._on_drained, None

@@ -21,11 +21,16 @@ Contract:
   is a round trip away); the others are opened by ``open`` when their turn comes, as with
   ``depth=0``, and hold neither a thread nor memory before.
 - Each prepared shard is opened exactly once with ``open_stream(url)``; then up to
-  ``max_bytes // depth`` of its first bytes are read (above 1 MiB, in whole MiB). The pre-read
-  bytes of all shards not yet consumed never exceed ``max_bytes`` (0: open ahead without
-  pre-reading). They are read into buffers of one size (1 MiB, or a shard's share if smaller)
-  that the ReadAhead reuses once their bytes are consumed: memory the process already touched,
-  not new pages for every byte read ahead.
+  ``max_bytes // depth`` of its first bytes are read (above 1 MiB, in whole MiB), while
+  pre-reading pays (below). The pre-read bytes of all shards not yet consumed never exceed
+  ``max_bytes`` (0: open ahead without pre-reading). They are read into buffers of one size
+  (1 MiB, or a shard's share if smaller) that the ReadAhead reuses once their bytes are
+  consumed: memory the process already touched, not new pages for every byte read ahead.
+- Pre-reading pays only where a connection is slower than its consumer: the consumer's reads
+  of each shard after its pre-read bytes are timed and judged (:mod:`wds_cloud.io.pace`).
+  While its connections keep up, the shards opened are not pre-read; once they do not, the
+  shards already opened ahead without pre-read bytes are pre-read too ("topped up"), each by
+  a thread of the ReadAhead.
 - ``open(url)`` returns the stream prepared for the item just yielded, waiting for it if it is
   still being opened; the stream serves the pre-read bytes, then reads on from the underlying
   stream, and forwards other attributes (``local_path``, ``name``, …) to it
@@ -55,6 +60,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 
 from ..errors import ConfigError
 from ..urls import redact
+from .pace import Pace
 from .prefetched import Chunk, Pieces, prefetched_stream
 
 __all__ = ["ReadAhead", "ReadAheadStats"]
@@ -69,9 +75,10 @@ _JOIN_TIMEOUT = 1.0  # seconds close() waits, in all, for busy threads
 _LINGER = 10.0  # seconds an idle thread waits for the next shard before it ends
 
 # a slot goes _QUEUED -> _OPENING -> _READING -> _READY (an open that failed: straight to
-# _READY), or to _CLOSED from any of these when discarded; the consumer takes a slot out of
-# ``_current`` and nothing looks at it after that
-_QUEUED, _OPENING, _READING, _READY, _CLOSED = range(5)
+# _READY), or to _CLOSED from any of these when discarded; a slot _READY without pre-read
+# bytes may go on to _TOPPING (queued for a top-up), then _READING and _READY again; the
+# consumer takes a slot out of ``_current`` and nothing looks at it after that
+_QUEUED, _OPENING, _READING, _READY, _CLOSED, _TOPPING = range(6)
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,9 @@ class ReadAheadStats:
     while still being opened, and the time spent waiting for them; ``direct``: opens done in the
     caller (not prepared, other URL, read-ahead off); ``discarded``: prepared shards closed
     unused; ``bytes_prefetched``: bytes pre-read in all; ``peak_bytes``: most pre-read bytes
-    held at once, not yet consumed.
+    held at once, not yet consumed; ``pre_reading``: whether shards opened now are pre-read,
+    ``turns``: how often that changed, ``topped_up``: shards pre-read after they were opened
+    (see the module doc).
     """
 
     opened_ahead: int = 0
@@ -95,6 +104,9 @@ class ReadAheadStats:
     discarded: int = 0
     bytes_prefetched: int = 0
     peak_bytes: int = 0
+    pre_reading: bool = True
+    turns: int = 0
+    topped_up: int = 0
 
 
 class _Slot:
@@ -142,6 +154,9 @@ class ReadAhead:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # a slot queued, or closed
         self._queue: deque[_Slot] = deque()  # slots no thread has claimed yet, in order
+        self._topups: deque[_Slot] = deque()  # opened slots to pre-read, no thread on them yet
+        self._pace = Pace()  # whether pre-reading pays, judged by the consumer's reads
+        self._prereading = 0  # threads pre-reading now
         self._pending: deque[tuple[Any, _Slot | None]] = deque()  # pulled, not yet yielded
         self._current: _Slot | None = None  # the slot of the item just yielded, until taken
         self._threads: list[threading.Thread] = []
@@ -225,6 +240,10 @@ class ReadAhead:
                 if slot.state == _QUEUED:  # no thread got to it yet: open it here
                     self._queue.remove(slot)
                     slot = None
+                elif slot.state == _TOPPING:  # nor to its top-up: read it as it is
+                    self._topups.remove(slot)
+                    slot.state = _READY
+                    slot.done.set()
             else:
                 slot = None
             if slot is None:
@@ -248,7 +267,32 @@ class ReadAhead:
             raise error
         log.debug("read-ahead: %s %s, %d bytes pre-read", redact(slot.url), how, slot.reserved)
         return prefetched_stream(cast(BinaryIO, slot.stream), slot.chunks, slot.read_error,
-                                 partial(self._release, slot.reserved), self._pieces.give)
+                                 partial(self._release, slot.reserved), self._pieces.give,
+                                 on_pace=self._paced if self.max_bytes else None)
+
+    def _paced(self, nbytes: int, seconds: float) -> None:
+        """The consumer read ``nbytes`` from a shard's connection in ``seconds``: start or
+        stop pre-reading when that pays or stops paying (see :mod:`wds_cloud.io.pace`)."""
+        if not self._pace.note(nbytes, seconds, prereading=self._prereading > 0):
+            return
+        with self._lock:
+            if self._closed:
+                return
+            pays = self._pace.pays
+            self._stats = replace(self._stats, pre_reading=pays, turns=self._stats.turns + 1)
+            if pays:
+                self._top_up()
+
+    def _top_up(self) -> None:
+        """Queue the slots opened ahead without pre-read bytes for a thread to pre-read, and
+        wake the idle threads for them (the caller holds the lock)."""
+        for _, slot in self._pending:
+            if (slot is not None and slot.state == _READY and slot.stream is not None
+                    and not slot.chunks and slot.read_error is None):
+                slot.state = _TOPPING
+                slot.done.clear()
+                self._topups.append(slot)
+        self._wake.notify(len(self._topups))
 
     def _count(self, **deltas: float) -> None:
         """Add to the counters (the caller holds the lock)."""
@@ -293,19 +337,26 @@ class ReadAhead:
         it, which takes a GIL hand-off from the consumer), or at close."""
         while True:
             with self._lock:
-                if not self._queue and not self._closed:
+                if not (self._queue or self._topups) and not self._closed:
                     self._idle += 1
                     try:
-                        self._wake.wait_for(lambda: self._closed or bool(self._queue), _LINGER)
+                        self._wake.wait_for(
+                            lambda: self._closed or bool(self._queue or self._topups), _LINGER)
                     finally:
                         self._idle -= 1
-                if self._closed or not self._queue:
+                if self._closed or not (self._queue or self._topups):
                     self._workers -= 1
                     return
-                slot = self._queue.popleft()
-                slot.state = _OPENING
+                topup = not self._queue
+                slot = self._topups.popleft() if topup else self._queue.popleft()
+                slot.state = _READING if topup else _OPENING
+                if topup:
+                    self._count(topped_up=1)
             try:
-                self._prepare(slot)
+                if topup:
+                    self._read_ahead(slot, cast(BinaryIO, slot.stream))
+                else:
+                    self._prepare(slot)
             finally:
                 slot.done.set()
 
@@ -322,9 +373,16 @@ class ReadAhead:
         with self._lock:
             self._count(opened_ahead=1)
         if self._advance(slot, _READING):
-            self._preread(slot, stream)
-            if self._advance(slot, _READY):
-                return
+            self._read_ahead(slot, stream)
+        else:
+            self._drop(slot)
+
+    def _read_ahead(self, slot: _Slot, stream: BinaryIO) -> None:
+        """Pre-read ``slot`` (in state _READING) while pre-reading pays, unless it is
+        discarded meanwhile: then close it."""
+        self._preread(slot, stream)
+        if self._advance(slot, _READY):
+            return
         self._drop(slot)
 
     def _advance(self, slot: _Slot, state: int) -> bool:
@@ -335,14 +393,17 @@ class ReadAhead:
             return slot.state == state
 
     def _preread(self, slot: _Slot, stream: BinaryIO) -> None:
-        """Reserve a share of the budget, read up to that many bytes while the slot is not
-        discarded, then give back the unused part of the budget."""
+        """Reserve a share of the budget (none while pre-reading does not pay), read up to
+        that many bytes while the slot is not discarded, then give back the unused part of
+        the budget."""
         with self._lock:
-            share = self.max_bytes // self.depth
+            paying = self._stats.pre_reading and self.depth
+            share = self.max_bytes // self.depth if paying else 0
             if share > _PIECE:  # whole pieces: odd shares measured 5x the page faults
                 share -= share % _PIECE
             slot.reserved = min(share, self.max_bytes - self._in_flight)
             self._in_flight += slot.reserved
+            self._prereading += slot.reserved > 0
         got = 0
         read_into = getattr(stream, "readinto", None)
         try:
@@ -367,6 +428,7 @@ class ReadAhead:
         except Exception as exc:  # raised by read() once the bytes before it were served
             slot.read_error = exc
         with self._lock:
+            self._prereading -= slot.reserved > 0
             self._in_flight -= slot.reserved - got
             slot.reserved = got
 
@@ -379,6 +441,9 @@ class ReadAhead:
         for slot in slots:
             if slot.state == _QUEUED:
                 self._queue.remove(slot)
+            elif slot.state == _TOPPING:
+                self._topups.remove(slot)
+                ready.append(slot)
             elif slot.state == _READY and slot.stream is not None:
                 ready.append(slot)
             slot.state = _CLOSED

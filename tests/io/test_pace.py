@@ -1,0 +1,55 @@
+"""The judge of whether pre-reading pays (wds_cloud.io.pace), fed reads of known speed."""
+
+from __future__ import annotations
+
+from wds_cloud.io.pace import FAST_READS, SLOW_WINDOWS, WINDOW, Pace
+
+FAST = WINDOW / FAST_READS / 4  # seconds: a window read at four times the bar
+SLOW = WINDOW / FAST_READS * 4  # a window read at a quarter of it
+
+
+def test_a_window_read_fast_stops_pre_reading() -> None:
+    pace = Pace()
+    assert pace.pays
+    assert not pace.note(WINDOW - 1, 0.0, prereading=False)  # not a window yet
+    assert pace.pays
+    assert pace.note(1, FAST, prereading=False)
+    assert not pace.pays
+    assert not pace.note(WINDOW, FAST, prereading=False)  # no change: not told again
+
+
+def test_pre_reading_starts_again_after_slow_windows_in_a_row() -> None:
+    pace = Pace()
+    pace.note(WINDOW, FAST, prereading=False)
+    for _ in range(SLOW_WINDOWS - 1):
+        assert not pace.note(WINDOW, SLOW, prereading=False)
+        assert not pace.pays
+    assert pace.note(WINDOW, SLOW, prereading=False)
+    assert pace.pays
+
+
+def test_a_fast_window_breaks_the_row() -> None:
+    pace = Pace()
+    pace.note(WINDOW, FAST, prereading=False)
+    pace.note(WINDOW, SLOW, prereading=False)
+    pace.note(WINDOW, FAST, prereading=False)
+    for _ in range(SLOW_WINDOWS - 1):
+        assert not pace.note(WINDOW, SLOW, prereading=False)
+    assert not pace.pays
+    assert pace.note(WINDOW, SLOW, prereading=False)
+
+
+def test_a_slow_window_while_threads_pre_read_does_not_count() -> None:
+    """The consumer may have waited for the GIL, not for its connection; a fast one still
+    counts (fast despite the threads)."""
+    pace = Pace()
+    pace.note(WINDOW, FAST, prereading=False)
+    for _ in range(3 * SLOW_WINDOWS):
+        assert not pace.note(WINDOW // 2, SLOW / 2, prereading=True)  # half a window each
+        assert not pace.note(WINDOW // 2, SLOW / 2, prereading=False)  # the other half
+    assert not pace.pays
+    pace.note(WINDOW, 0.0, prereading=True)  # fast, while pre-reading: pays stays False
+    assert not pace.pays
+    pace2 = Pace()
+    assert pace2.note(WINDOW, FAST, prereading=True)  # fast while pre-reading: stops it
+    assert not pace2.pays

@@ -1,0 +1,150 @@
+"""Read-ahead pre-reads only while that pays, on real servers: from nginx on loopback (its
+connections keep up with their consumer) it stops pre-reading; when the fault proxy then serves
+each connection at 8 MB/s, it starts again and pre-reads the shards already opened ahead.
+
+The speeds are real; only the bar is lowered (``FAST_READS`` 100 MB/s, windows of 1 MiB) so
+that both links are far from it on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from shardgen import write_tar
+
+import wds_cloud as wds
+from wds_cloud.handlers import reraise_exception
+from wds_cloud.io import ReadAhead, ReadAheadStats, pace
+from wds_cloud.io.prefetched import prefetched_stream
+from wds_cloud.tar.shardloop import samples_from_shards
+
+MiB = 1 << 20
+SHARDS = 8
+SHARE = MiB  # max_bytes 2 MiB over depth 2; each shard is 3 MiB: 2 MiB are read after it
+
+
+@pytest.fixture(autouse=True)
+def _bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pace, "FAST_READS", 100 * 10**6)
+    monkeypatch.setattr(pace, "WINDOW", MiB)
+
+
+@pytest.fixture(scope="module")
+def served(nginx_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[str]]:
+    """Eight shards of three 1 MiB samples on nginx: the store and the shards' names."""
+    store = nginx_server.new_store()
+    directory = tmp_path_factory.mktemp("pace")
+    names = []
+    for s in range(SHARDS):
+        samples = [(f"s{s}_{i}", {"bin": os.urandom(MiB)}) for i in range(3)]
+        store.put(f"p-{s}.tar", Path(write_tar(directory / f"p-{s}.tar", samples)).read_bytes())
+        names.append(f"p-{s}.tar")
+    return store, names
+
+
+def _epoch(urls: list[str], on_sample: Callable[[str], None] = lambda key: None,
+           ) -> tuple[list[str], ReadAheadStats]:
+    """The keys of one epoch over ``urls`` through a ReadAhead, and its counters."""
+    keys = []
+    with ReadAhead(wds.gopen, depth=2, max_bytes=2 * SHARE) as ahead:
+        for sample in samples_from_shards(ahead.sources([{"url": u} for u in urls]),
+                                          reraise_exception, open_stream=ahead.open):
+            keys.append(sample["__key__"])
+            on_sample(sample["__key__"])
+        return keys, ahead.stats
+
+
+def _keys() -> list[str]:
+    return [f"s{s}_{i}" for s in range(SHARDS) for i in range(3)]
+
+
+def test_connections_that_keep_up_are_not_pre_read(served: tuple[Any, list[str]]) -> None:
+    store, names = served
+    keys, stats = _epoch([store.url(n) for n in names])
+    assert keys == _keys()
+    assert not stats.pre_reading and stats.turns == 1 and stats.topped_up == 0
+    # the shards opened before the first shard's reads were judged are pre-read, no other
+    assert stats.opened_ahead == SHARDS
+    assert 0 < stats.bytes_prefetched <= 3 * SHARE
+
+
+def test_pre_reading_starts_again_when_the_link_slows(
+    served: tuple[Any, list[str]], fault_proxy: Callable[..., Any],
+) -> None:
+    store, names = served
+    proxy = fault_proxy(store)
+
+    def slow_down(key: str) -> None:
+        if key == "s2_0":  # pre-reading stopped in shard 0: slow down every connection
+            proxy.configure(conn_rate=8 * 10**6)
+
+    keys, stats = _epoch([f"{proxy.url}/{store.directory}/{n}" for n in names], slow_down)
+    assert keys == _keys()
+    # off, then on again (and maybe off and on again: a shard whose bytes waited in the
+    # kernel's buffers while the one before was read comes fast, even at 8 MB/s)
+    assert stats.turns >= 2
+    assert stats.topped_up >= 1  # shards opened while it was off were queued to pre-read
+
+
+def test_a_prefetched_stream_tells_the_pace_of_its_raw_reads(tmp_path: Path) -> None:
+    data = os.urandom(3 * MiB + 5)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    told: list[tuple[int, float]] = []
+    with open(path, "rb") as raw:
+        first = raw.read(MiB)
+        stream = prefetched_stream(raw, deque([first]), None, lambda: None,
+                                   on_pace=lambda n, s: told.append((n, s)))
+        got = b"".join(iter(lambda: stream.read(700_000), b""))
+    assert got == data
+    assert sum(n for n, _ in told) == len(data) - MiB  # the reads after the pre-read bytes
+    assert all(s >= 0 for _, s in told)
+
+
+def test_no_pace_no_wrapper(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 10)
+    drained: list[bool] = []
+    with open(path, "rb") as raw:
+        assert prefetched_stream(raw, deque(), None, lambda: drained.append(True)) is raw
+        wrapped = prefetched_stream(raw, deque(), None, lambda: drained.append(True),
+                                    on_pace=lambda n, s: None)
+        assert wrapped is not raw and wrapped.read() == b"x" * 10
+    assert drained == [True, True]  # told at once either way: nothing was pre-read
+
+
+def test_stopping_while_shards_are_topped_up_closes_them(
+    served: tuple[Any, list[str]], fault_proxy: Callable[..., Any],
+) -> None:
+    """A break with shards queued for, or in the middle of, a top-up: every stream opened is
+    closed, and no read-ahead thread is left (a top-up read is closed from aside)."""
+    store, names = served
+    proxy = fault_proxy(store)
+    opened: list[Any] = []
+
+    def opener(url: str) -> Any:
+        stream = wds.gopen(url)
+        opened.append(stream)
+        return stream
+
+    with ReadAhead(opener, depth=2, max_bytes=2 * SHARE) as ahead:
+        urls = [f"{proxy.url}/{store.directory}/{n}" for n in names]
+        for sample in samples_from_shards(ahead.sources([{"url": u} for u in urls]),
+                                          reraise_exception, open_stream=ahead.open):
+            if sample["__key__"] == "s2_0":
+                proxy.configure(conn_rate=2 * 10**6)
+            if sample["__key__"] == "s3_1":
+                break
+    assert ahead.stats.turns >= 1
+    assert opened and all(stream.closed for stream in opened)
+    deadline = time.monotonic() + 5
+    while any(t.name.startswith("wds-readahead") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "read-ahead threads left after close"
+        time.sleep(0.02)
