@@ -15,12 +15,12 @@
    for; the emulator wants no credentials) from the same server (target ≥ 0.9×).
 4. ``readahead``: 64 shards of 4 MB behind a proxy that delays each response's first byte by
    50 ms, read by ``WebDataset`` with read-ahead on and off, against the same proxy without
-   latency (target ≥ 0.8×). Then what pre-reading (``WDS_READAHEAD_BYTES``) gives over only
+   latency (target ≥ 0.8×). Then what the default (pre-reading ``WDS_READAHEAD_BYTES`` while
+   the reader's own reads show that it pays: see ``wds_cloud.io.pace``) gives over only
    opening ahead (``WDS_READAHEAD_BYTES=0``), on 16 shards of 16 MiB (more than the kernel
    buffers ahead on a connection): on a link whose every connection is slow (50 ms to the
-   first byte, then 50 MB/s each, as a cloud store's single stream), and on the same proxy
-   with no limit; not with ``--quick`` (no target: pre-reading pays where one connection is
-   slower than the reader, and costs where it is not).
+   first byte, then 50 MB/s each, as a cloud store's single stream), where pre-reading pays,
+   and on the same proxy with no limit, where it would not; not with ``--quick`` (no target).
 
 Each ratio is of medians of interleaved runs (baseline, ours, baseline, ours, ...; 7 by
 default), after one untimed run of each; CPU is user + system seconds of this process (ours)
@@ -258,7 +258,8 @@ def bench_readahead(root: Path, count: int, repeats: int, depth: int) -> None:
                                 "pre": partial(run, latency, depth, None, conn_rate, big)},
                                repeats)
             pre, opened, nbytes = both["pre"], both["open"], big_count * big_size
-            print(f"pre-reading vs opening ahead only, {big_count} shards of 16 MiB, {link} "
+            print(f"default (pre-reading while it pays) vs opening ahead only, {big_count} "
+                  f"shards of 16 MiB, {link} "
                   f"(median of {repeats}): {nbytes / pre.seconds / MB:,.0f} vs "
                   f"{nbytes / opened.seconds / MB:,.0f} MB/s, ratio "
                   f"{opened.seconds / pre.seconds:.2f}×; CPU per GB {pre.cpu * GB / nbytes:.2f} "
