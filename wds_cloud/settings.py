@@ -29,8 +29,8 @@ variable                 meaning
 ``WDS_TIMEOUT``          seconds to wait for a connection or for the next bytes (default 60)
 ``WDS_READAHEAD``        shards opened ahead of the one being read, per worker (default 16:
                          enough to hide 50 ms to a first byte behind 4 MB shards; 0: off)
-``WDS_READAHEAD_BYTES``  bytes pre-read in all the shards opened ahead, while that pays (the
-                         reader's own reads are slower than 512 MiB/s; default 64MiB)
+``WDS_READAHEAD_BYTES``  bytes pre-read in all the shards opened ahead, once that pays (the
+                         reader's own reads come slower than 512 MiB/s; default 64MiB)
 ``WDS_<NAME>``           value of ``${NAME}`` in shard URLs
 ``RANK``, ``WORLD_SIZE`` node rank and count, before ``torch.distributed``
 ``WORKER``,              worker index and count, before ``torch.utils.data.get_worker_info``

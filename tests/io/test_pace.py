@@ -8,8 +8,18 @@ FAST = WINDOW / FAST_READS / 4  # seconds: a window read at four times the bar
 SLOW = WINDOW / FAST_READS * 4  # a window read at a quarter of it
 
 
-def test_a_window_read_fast_stops_pre_reading() -> None:
+def test_no_pre_reading_until_reads_are_slow() -> None:
     pace = Pace()
+    assert not pace.pays
+    assert not pace.note(WINDOW, FAST, prereading=False)
+    for _ in range(SLOW_WINDOWS - 1):
+        assert not pace.note(WINDOW, SLOW, prereading=False)
+    assert pace.note(WINDOW, SLOW, prereading=False)
+    assert pace.pays
+
+
+def test_a_window_read_fast_stops_pre_reading() -> None:
+    pace = Pace(pays=True)
     assert pace.pays
     assert not pace.note(WINDOW - 1, 0.0, prereading=False)  # not a window yet
     assert pace.pays
@@ -50,6 +60,6 @@ def test_a_slow_window_while_threads_pre_read_does_not_count() -> None:
     assert not pace.pays
     pace.note(WINDOW, 0.0, prereading=True)  # fast, while pre-reading: pays stays False
     assert not pace.pays
-    pace2 = Pace()
+    pace2 = Pace(pays=True)
     assert pace2.note(WINDOW, FAST, prereading=True)  # fast while pre-reading: stops it
     assert not pace2.pays

@@ -25,10 +25,17 @@ from shardgen import write_tar
 from wds_cloud.errors import OpenError, ShardNotFoundError
 from wds_cloud.handlers import reraise_exception
 from wds_cloud.io import LocalOpener
+from wds_cloud.io.pace import Pace
 from wds_cloud.io.readahead import ReadAhead, ReadAheadStats
 from wds_cloud.tar.shardloop import samples_from_shards
 
 THREAD = "wds-readahead"
+
+
+def _pre_reading() -> Pace:
+    """A pace that pre-reads from the start, not only once reads are slow: these tests are of
+    pre-reading itself (their shards are too small to turn it off)."""
+    return Pace(pays=True)
 SHARD_SIZE = 6 * 40_000  # about: 6 samples of 40 kB
 
 
@@ -163,7 +170,7 @@ def _with_readahead(sources: list[dict[str, Any]], opener: SlowOpener, *, depth:
                     max_bytes: int, handler: Any = reraise_exception,
                     ras: list[ReadAhead] | None = None) -> Iterator[dict[str, Any]]:
     """The composition the lead wires into compat."""
-    with ReadAhead(opener, depth=depth, max_bytes=max_bytes) as ra:
+    with ReadAhead(opener, depth=depth, max_bytes=max_bytes, pace=_pre_reading()) as ra:
         if ras is not None:
             ras.append(ra)
         yield from samples_from_shards(ra.sources(sources), handler,
@@ -227,7 +234,8 @@ def test_only_urls_worth_it_are_opened_ahead(shards: list[str]) -> None:
     sources = [{"url": u} for u in shards]
     remote = set(shards[1::2])
     opener = SlowOpener()
-    with ReadAhead(opener, depth=3, max_bytes=1 << 20, worth=remote.__contains__) as ra:
+    with ReadAhead(opener, depth=3, max_bytes=1 << 20, worth=remote.__contains__,
+                   pace=_pre_reading()) as ra:
         got = list(samples_from_shards(ra.sources(sources), reraise_exception,
                                              open_stream=_asking(ra, opener)))
         stats = ra.stats
@@ -243,7 +251,7 @@ def test_only_urls_worth_it_are_opened_ahead(shards: list[str]) -> None:
 def test_sources_yields_the_items_themselves(shards: list[str]) -> None:
     items: list[Any] = [{"url": shards[0], "x": 1}, {"no": "url"}, shards[1], {"url": shards[2]}]
     opener = SlowOpener()
-    with ReadAhead(opener, depth=2, max_bytes=1000) as ra:
+    with ReadAhead(opener, depth=2, max_bytes=1000, pace=_pre_reading()) as ra:
         out = []
         for item in ra.sources(items):
             out.append(item)
@@ -360,7 +368,7 @@ def test_break_closes_every_prepared_stream(shards: list[str]) -> None:
 def test_unconsumed_prepared_shard_is_closed_and_other_urls_open_directly(
         shards: list[str]) -> None:
     opener = SlowOpener()
-    with ReadAhead(opener, depth=2, max_bytes=10_000) as ra:
+    with ReadAhead(opener, depth=2, max_bytes=10_000, pace=_pre_reading()) as ra:
         for i, url in enumerate(ra.sources(shards[:4])):
             if i == 1:
                 continue  # the prepared shard is never asked for
@@ -378,7 +386,7 @@ def test_unconsumed_prepared_shard_is_closed_and_other_urls_open_directly(
 
 def test_close_interrupts_a_stalled_read(shards: list[str]) -> None:
     opener = SlowOpener(stall=True)
-    ra = ReadAhead(opener, depth=2, max_bytes=1 << 20)
+    ra = ReadAhead(opener, depth=2, max_bytes=1 << 20, pace=_pre_reading())
     it = ra.sources(shards)
     next(it)
     while len(opener.streams) < 2:  # both threads are now stuck in a read
@@ -392,7 +400,8 @@ def test_close_interrupts_a_stalled_read(shards: list[str]) -> None:
 def test_prefetched_stream_reads_like_the_file(shards: list[str], readinto: bool) -> None:
     data = Path(shards[0]).read_bytes()
     for sizes in ([1, 511, 4096, 70_000, 1 << 20, -1], [100_000, 0, 3], [30_000] * 3):
-        with ReadAhead(SlowOpener(readinto=readinto), depth=1, max_bytes=70_001) as ra:
+        with ReadAhead(SlowOpener(readinto=readinto), depth=1, max_bytes=70_001,
+                       pace=_pre_reading()) as ra:
             for url in ra.sources([shards[0]]):
                 stream = ra.open(url)
                 assert stream.local_path == os.path.abspath(url)  # type: ignore[attr-defined]
@@ -432,7 +441,8 @@ def test_preread_buffers_are_reused(tmp_path: Path) -> None:
 def test_a_shard_read_ahead_to_its_end_reads_to_its_end(shards: list[str], readinto: bool) -> None:
     """A pre-read that meets the end of the stream: every byte, then an empty read."""
     data = Path(shards[0]).read_bytes()
-    with ReadAhead(SlowOpener(readinto=readinto), depth=1, max_bytes=1 << 20) as ra:
+    with ReadAhead(SlowOpener(readinto=readinto), depth=1, max_bytes=1 << 20,
+                   pace=_pre_reading()) as ra:
         for url in ra.sources([shards[0]]):
             with ra.open(url) as stream:
                 assert stream.read() == data
@@ -446,7 +456,7 @@ def test_a_share_above_a_mib_is_read_in_whole_mib(tmp_path: Path) -> None:
     data = os.urandom(3 << 20)
     path.write_bytes(data)
     opener = SlowOpener(readinto=True)
-    with ReadAhead(opener, depth=1, max_bytes=(5 << 20) // 2) as ra:
+    with ReadAhead(opener, depth=1, max_bytes=(5 << 20) // 2, pace=_pre_reading()) as ra:
         for url in ra.sources([str(path)]):
             with ra.open(url) as stream:
                 assert stream.read() == data

@@ -5,13 +5,16 @@ connection after the pre-read bytes, and tells a :class:`Pace`, which judges the
 :data:`WINDOW` bytes:
 
 - at :data:`FAST_READS` or faster, the connections keep up with their consumer: pre-reading
-  would only copy their bytes once more, in threads that take the GIL from the consumer (16 MiB
-  shards from nginx on loopback: a third more CPU per GB, and no more throughput);
+  would only copy their bytes once more, in threads that take the GIL from the consumer (from
+  nginx on loopback, pre-reading every shard took 1.5 times the CPU per GB, and was slower:
+  by 10% on 16 MiB shards, by a third on 4 MiB ones);
 - slower :data:`SLOW_WINDOWS` times in a row, the consumer waits for its connection: shards
   read on many connections at once come faster (where a store serves each connection at its
-  own rate, 50 MB/s: 1.8 times as fast). A window in which read-ahead threads were
-  pre-reading does not count as slow: the consumer may have waited for the GIL, not for its
-  connection.
+  own rate, 50 MB/s: twice as fast). A window in which read-ahead threads were pre-reading
+  does not count as slow: the consumer may have waited for the GIL, not for its connection.
+
+Pre-reading starts once it pays, not before: a shard no larger than its share of the budget
+is pre-read whole, and its reads could never show that pre-reading does not pay.
 
 This module is layer-neutral: standard library only.
 """
@@ -27,11 +30,12 @@ SLOW_WINDOWS = 2  # slow windows in a row that make pre-reading pay
 
 
 class Pace:
-    """The judge of one consumer's reads; ``pays`` (initially ``True``): whether pre-reading
-    pays. Used by the consumer's thread only."""
+    """The judge of one consumer's reads; ``pays``: whether pre-reading pays, until the reads
+    show otherwise (by default not: see the module doc). Used by the consumer's thread
+    only."""
 
-    def __init__(self) -> None:
-        self.pays = True
+    def __init__(self, *, pays: bool = False) -> None:
+        self.pays = pays
         self._bytes = 0
         self._seconds = 0.0
         self._slow = 0  # slow windows in a row, none of them with pre-reading going on

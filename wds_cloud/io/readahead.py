@@ -27,10 +27,11 @@ Contract:
   (1 MiB, or a shard's share if smaller) that the ReadAhead reuses once their bytes are
   consumed: memory the process already touched, not new pages for every byte read ahead.
 - Pre-reading pays only where a connection is slower than its consumer: the consumer's reads
-  of each shard after its pre-read bytes are timed and judged (:mod:`wds_cloud.io.pace`).
-  While its connections keep up, the shards opened are not pre-read; once they do not, the
-  shards already opened ahead without pre-read bytes are pre-read too ("topped up"), each by
-  a thread of the ReadAhead.
+  of each shard after its pre-read bytes are timed and judged by ``pace`` (a
+  :class:`~wds_cloud.io.pace.Pace`; by default one that starts without pre-reading). While
+  its connections keep up, the shards opened are not pre-read; once they do not, the shards
+  already opened ahead without pre-read bytes are pre-read too ("topped up"), each by a
+  thread of the ReadAhead.
 - ``open(url)`` returns the stream prepared for the item just yielded, waiting for it if it is
   still being opened; the stream serves the pre-read bytes, then reads on from the underlying
   stream, and forwards other attributes (``local_path``, ``name``, …) to it
@@ -104,7 +105,7 @@ class ReadAheadStats:
     discarded: int = 0
     bytes_prefetched: int = 0
     peak_bytes: int = 0
-    pre_reading: bool = True
+    pre_reading: bool = False
     turns: int = 0
     topped_up: int = 0
 
@@ -143,7 +144,8 @@ class ReadAhead:
     """Opens the next ``depth`` shards of a source in the background (see the module doc)."""
 
     def __init__(self, open_stream: Callable[..., BinaryIO], *, depth: int = 2,
-                 max_bytes: int = 64 << 20, worth: Callable[[str], bool] | None = None) -> None:
+                 max_bytes: int = 64 << 20, worth: Callable[[str], bool] | None = None,
+                 pace: Pace | None = None) -> None:
         for name, value in (("depth", depth), ("max_bytes", max_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"read-ahead {name} must be an integer >= 0, got {value!r}")
@@ -155,7 +157,7 @@ class ReadAhead:
         self._wake = threading.Condition(self._lock)  # a slot queued, or closed
         self._queue: deque[_Slot] = deque()  # slots no thread has claimed yet, in order
         self._topups: deque[_Slot] = deque()  # opened slots to pre-read, no thread on them yet
-        self._pace = Pace()  # whether pre-reading pays, judged by the consumer's reads
+        self._pace = pace or Pace()  # whether pre-reading pays, judged by the consumer's reads
         self._prereading = 0  # threads pre-reading now
         self._pending: deque[tuple[Any, _Slot | None]] = deque()  # pulled, not yet yielded
         self._current: _Slot | None = None  # the slot of the item just yielded, until taken
@@ -164,7 +166,7 @@ class ReadAhead:
         self._idle = 0  # workers waiting for a slot (see _work)
         self._in_flight = 0  # budget held: reserved and pre-read bytes not yet consumed
         self._buffered = 0  # pre-read bytes not yet consumed
-        self._stats = ReadAheadStats()
+        self._stats = ReadAheadStats(pre_reading=self._pace.pays)
         self._pieces = Pieces(min(_PIECE, max_bytes // depth) if depth else _PIECE)
         self._closed = False
         self._started = False
