@@ -158,14 +158,13 @@ class ReadAhead:
         self._queue: deque[_Slot] = deque()  # slots no thread has claimed yet, in order
         self._topups: deque[_Slot] = deque()  # opened slots to pre-read, no thread on them yet
         self._pace = pace or Pace()  # whether pre-reading pays, judged by the consumer's reads
-        self._prereading = 0  # threads pre-reading now
         self._pending: deque[tuple[Any, _Slot | None]] = deque()  # pulled, not yet yielded
         self._current: _Slot | None = None  # the slot of the item just yielded, until taken
         self._threads: list[threading.Thread] = []
         self._workers = 0
         self._idle = 0  # workers waiting for a slot (see _work)
         self._in_flight = 0  # budget held: reserved and pre-read bytes not yet consumed
-        self._buffered = 0  # pre-read bytes not yet consumed
+        self._buffered = 0  # pre-read bytes not yet consumed (below _in_flight: a pre-read runs)
         self._stats = ReadAheadStats(pre_reading=self._pace.pays)
         self._pieces = Pieces(min(_PIECE, max_bytes // depth) if depth else _PIECE)
         self._closed = False
@@ -275,7 +274,8 @@ class ReadAhead:
     def _paced(self, nbytes: int, seconds: float) -> None:
         """The consumer read ``nbytes`` from a shard's connection in ``seconds``: start or
         stop pre-reading when that pays or stops paying (see :mod:`wds_cloud.io.pace`)."""
-        if not self._pace.note(nbytes, seconds, prereading=self._prereading > 0):
+        prereading = self._in_flight > self._buffered  # bytes reserved, not read yet
+        if not self._pace.note(nbytes, seconds, prereading=prereading):
             return
         with self._lock:
             if self._closed:
@@ -349,16 +349,14 @@ class ReadAhead:
                 if self._closed or not (self._queue or self._topups):
                     self._workers -= 1
                     return
-                topup = not self._queue
-                slot = self._topups.popleft() if topup else self._queue.popleft()
-                slot.state = _READING if topup else _OPENING
-                if topup:
+                if self._queue:
+                    slot, state, prepare = self._queue.popleft(), _OPENING, self._prepare
+                else:  # a top-up: the slot's stream is open already
+                    slot, state, prepare = self._topups.popleft(), _READING, self._read_ahead
                     self._count(topped_up=1)
+                slot.state = state
             try:
-                if topup:
-                    self._read_ahead(slot, cast(BinaryIO, slot.stream))
-                else:
-                    self._prepare(slot)
+                prepare(slot)
             finally:
                 slot.done.set()
 
@@ -366,7 +364,7 @@ class ReadAhead:
         """Open the shard of ``slot`` and pre-read its first bytes, unless it is discarded
         meanwhile: then close it."""
         try:
-            stream = slot.stream = self._open_stream(slot.url)
+            slot.stream = self._open_stream(slot.url)
         except BaseException as exc:  # handed to the consumer, who raises it in open()
             with self._lock:
                 slot.error, slot.state = exc, _READY
@@ -375,14 +373,14 @@ class ReadAhead:
         with self._lock:
             self._count(opened_ahead=1)
         if self._advance(slot, _READING):
-            self._read_ahead(slot, stream)
+            self._read_ahead(slot)
         else:
             self._drop(slot)
 
-    def _read_ahead(self, slot: _Slot, stream: BinaryIO) -> None:
-        """Pre-read ``slot`` (in state _READING) while pre-reading pays, unless it is
-        discarded meanwhile: then close it."""
-        self._preread(slot, stream)
+    def _read_ahead(self, slot: _Slot) -> None:
+        """Pre-read the opened ``slot`` (in state _READING) while pre-reading pays, unless it
+        is discarded meanwhile: then close it."""
+        self._preread(slot, cast(BinaryIO, slot.stream))
         if self._advance(slot, _READY):
             return
         self._drop(slot)
@@ -405,7 +403,6 @@ class ReadAhead:
                 share -= share % _PIECE
             slot.reserved = min(share, self.max_bytes - self._in_flight)
             self._in_flight += slot.reserved
-            self._prereading += slot.reserved > 0
         got = 0
         read_into = getattr(stream, "readinto", None)
         try:
@@ -430,7 +427,6 @@ class ReadAhead:
         except Exception as exc:  # raised by read() once the bytes before it were served
             slot.read_error = exc
         with self._lock:
-            self._prereading -= slot.reserved > 0
             self._in_flight -= slot.reserved - got
             slot.reserved = got
 
