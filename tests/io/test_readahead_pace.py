@@ -50,16 +50,19 @@ def served(nginx_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple
     return store, names
 
 
-def _epoch(urls: list[str], on_sample: Callable[[str], None] = lambda key: None, *,
-           pace: Pace | None = None) -> tuple[list[str], ReadAheadStats]:
-    """The keys of one epoch over ``urls`` through a ReadAhead, and its counters."""
+def _epoch(urls: list[str], on_sample: Callable[[str], bool | None] = lambda key: None, *,
+           pace: Pace | None = None, opener: Callable[[str], Any] = wds.gopen,
+           ) -> tuple[list[str], ReadAheadStats]:
+    """The keys of one epoch over ``urls`` through a ReadAhead (``on_sample(key)`` true: stop
+    there, as a ``break``), and its counters after it closed."""
     keys = []
-    with ReadAhead(wds.gopen, depth=2, max_bytes=2 * SHARE, pace=pace) as ahead:
+    with ReadAhead(opener, depth=2, max_bytes=2 * SHARE, pace=pace) as ahead:
         for sample in samples_from_shards(ahead.sources([{"url": u} for u in urls]),
                                           reraise_exception, open_stream=ahead.open):
             keys.append(sample["__key__"])
-            on_sample(sample["__key__"])
-        return keys, ahead.stats
+            if on_sample(sample["__key__"]):
+                break
+    return keys, ahead.stats
 
 
 def _keys() -> list[str]:
@@ -156,15 +159,14 @@ def test_stopping_while_shards_are_topped_up_closes_them(
         opened.append(stream)
         return stream
 
-    with ReadAhead(opener, depth=2, max_bytes=2 * SHARE) as ahead:
-        urls = [f"{proxy.url}/{store.directory}/{n}" for n in names]
-        for sample in samples_from_shards(ahead.sources([{"url": u} for u in urls]),
-                                          reraise_exception, open_stream=ahead.open):
-            if sample["__key__"] == "s1_0":
-                proxy.configure(conn_rate=4 * 10**6)
-            if sample["__key__"] == "s5_1":
-                break
-    assert ahead.stats.turns >= 1
+    def slow_down_then_stop(key: str) -> bool:
+        if key == "s1_0":
+            proxy.configure(conn_rate=4 * 10**6)
+        return key == "s5_1"
+
+    _, stats = _epoch([f"{proxy.url}/{store.directory}/{n}" for n in names],
+                      slow_down_then_stop, opener=opener)
+    assert stats.turns >= 1
     assert opened and all(stream.closed for stream in opened)
     deadline = time.monotonic() + 5
     while any(t.name.startswith("wds-readahead") for t in threading.enumerate()):
