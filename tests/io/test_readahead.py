@@ -24,8 +24,7 @@ from shardgen import write_tar
 
 from wds_cloud.errors import OpenError, ShardNotFoundError
 from wds_cloud.handlers import reraise_exception
-from wds_cloud.io import LocalOpener
-from wds_cloud.io.pace import Pace
+from wds_cloud.io import LocalOpener, Pace
 from wds_cloud.io.readahead import ReadAhead, ReadAheadStats
 from wds_cloud.tar.shardloop import samples_from_shards
 

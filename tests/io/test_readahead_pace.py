@@ -21,8 +21,7 @@ from shardgen import write_tar
 
 import wds_cloud as wds
 from wds_cloud.handlers import reraise_exception
-from wds_cloud.io import ReadAhead, ReadAheadStats, pace
-from wds_cloud.io.pace import Pace
+from wds_cloud.io import Pace, ReadAhead, ReadAheadStats, pace
 from wds_cloud.io.prefetched import prefetched_stream
 from wds_cloud.tar.shardloop import samples_from_shards
 

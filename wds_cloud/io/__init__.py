@@ -5,6 +5,7 @@ ahead.
 from __future__ import annotations
 
 from .local import LocalOpener, StdioOpener
+from .pace import Pace
 from .pipes import PipeOpener
 from .prefetched import PrefetchedStream, prefetched_stream
 from .readahead import ReadAhead, ReadAheadStats
@@ -21,6 +22,7 @@ from .streams import SequentialStream
 __all__ = [
     "LocalOpener",
     "Opener",
+    "Pace",
     "PipeOpener",
     "PrefetchedStream",
     "ReadAhead",
