@@ -7,8 +7,11 @@
 - stores whose opener has an fsspec ``filesystem`` (``s3://``, ``gs://``, ``az://``): one
   listing per directory holding more than :data:`FEW` of the URLs, else one metadata request
   (HEAD) per URL; a single attempt each, with the settings' timeout (``WDS_TIMEOUT``);
-- anything else (``http(s)://``, ``pipe:``, ``-``, AIStore's REST API, third-party openers):
-  not looked up; such URLs are reported with size ``None``, as if they existed.
+- openers with a ``sizes`` method (``http(s)://``, and so AIStore's REST API): the opener
+  looks them up, a few at a time (for HTTP: a request for the first byte each, whose answer
+  names the whole size);
+- anything else (``pipe:``, ``-``, third-party openers): not looked up; such URLs are reported
+  with size ``None``, as if they existed.
 
 This is what ``wds-cloud spec check`` uses to count and weigh a source's shards. It never opens
 a shard and never touches the shard cache.
@@ -51,6 +54,7 @@ def shard_sizes(urls: Sequence[str], *, router: Router,
     """
     sizes: dict[str, int | None] = {}
     remote: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    asked: dict[str, list[tuple[str, str]]] = {}  # by scheme: URLs whose opener has sizes()
     for url in urls:
         resolved = router.resolve(url)
         scheme, rest = split_scheme(resolved)
@@ -61,13 +65,22 @@ def shard_sizes(urls: Sequence[str], *, router: Router,
             continue
         opener = openers.get_opener(resolved)
         if not callable(getattr(opener, "filesystem", None)):
-            sizes[url] = None
+            if callable(getattr(opener, "sizes", None)):
+                asked.setdefault(scheme, []).append((url, resolved))
+            else:
+                sizes[url] = None
             continue
         directory = resolved.rsplit("/", 1)[0]
         remote.setdefault((scheme, directory), []).append((url, resolved))
     for (scheme, directory), group in remote.items():
         sizes.update(_remote_sizes(router, scheme, directory, group,
                                    {} if listings is None else listings))
+    for scheme, group in asked.items():
+        sizer: Any = openers.get_opener(group[0][1])
+        found = sizer.sizes(sorted({resolved for _, resolved in group}),
+                            scheme_options(router.storage_options, scheme),
+                            timeout=router.settings.timeout)
+        sizes.update((url, found[resolved]) for url, resolved in group if resolved in found)
     return {url: sizes[url] for url in urls if url in sizes}
 
 

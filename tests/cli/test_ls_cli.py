@@ -137,3 +137,46 @@ def test_on_s3(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     assert code == 0 and [(s["name"], s["shards"]) for s in doc["sources"]] == [("t", 4),
                                                                                 ("o", 1)]
     assert doc["total"]["bytes"] == sum(p.stat().st_size for p in paths) + 10
+
+
+def test_on_http(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                 store_factory: Callable[[str], Store]) -> None:
+    """http(s) shards are looked up by asking nginx for their first byte: sizes, missing
+    shards, an empty one; a refusal or no answer is an error naming the URL."""
+    store = store_factory("http")
+    paths = shards(tmp_path, "train", 3)
+    for p in paths:
+        store.put(p.name, p.read_bytes())
+    store.put("empty.tar", b"")
+    code, doc = ls_json(capsys, store.url("train-{000000..000004}.tar"))
+    assert code == 2
+    assert [(r["url"], r["size"], r["missing"]) for r in doc["shards"]] == [
+        *((store.url(p.name), p.stat().st_size, False) for p in paths),
+        (store.url("train-000003.tar"), None, True), (store.url("train-000004.tar"), None, True)]
+    assert doc["total"]["unknown"] == 0
+    code, doc = ls_json(capsys, store.url("empty.tar"))
+    assert code == 0 and [(r["size"], r["missing"]) for r in doc["shards"]] == [(0, False)]
+    denied = store.url("x").rsplit("/", 2)[0] + "/private/train.tar"  # nginx answers 403
+    code, out, err = ls(capsys, denied)
+    assert code == 2 and out == "" and "access denied looking up" in err and denied in err
+    code, out, err = ls(capsys, "http://127.0.0.1:9/train.tar")
+    assert code == 2 and "looking up http://127.0.0.1:9/train.tar failed: connection refused" \
+        in err
+
+
+def test_through_aistore(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                         store_factory: Callable[[str], Store],
+                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gs://`` URLs proxied by AIStore (``AIS_ENDPOINT``, ``USE_AIS_FOR``) are looked up
+    where they are read: the gateway redirects each request to its target."""
+    store = store_factory("ais")
+    paths = shards(tmp_path, "train", 2)
+    for p in paths:
+        store.put(p.name, p.read_bytes())
+    for name, value in store.env.items():
+        monkeypatch.setenv(name, value)
+    code, doc = ls_json(capsys, store.url("train-{000000..000002}.tar"))
+    assert code == 2
+    assert [(r["url"], r["size"], r["missing"]) for r in doc["shards"]] == [
+        *((store.url(p.name), p.stat().st_size, False) for p in paths),
+        (store.url("train-000002.tar"), None, True)]

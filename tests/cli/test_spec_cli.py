@@ -260,6 +260,27 @@ def test_sources_on_s3(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     assert _row(report, "big")["probability"]["expected"] == pytest.approx(2 / 3.75)
 
 
+def test_sources_on_http(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                         store_factory: Callable[[str], Store]) -> None:
+    """nginx's shards are weighed by their sizes, the smallest is read, and a missing one is
+    seen without reading any."""
+    store = store_factory("http")
+    sizes = []
+    for s, per_shard in enumerate((30, 10)):
+        local = Path(write_tar(tmp_path / f"w{s}.tar", _samples("w", s, per_shard)))
+        store.put(f"w-{s:03d}.tar", local.read_bytes())
+        sizes.append(local.stat().st_size)
+    path = _write(tmp_path, {"datasets": [
+        {"name": "w", "shards": store.url("w-{000..001}.tar")},
+        {"name": "gap", "shards": store.url("w-{000..002}.tar")}]})
+    code, report = _report(capsys, path)
+    assert code == 2 and len(report["errors"]) == 1 and "gap" in report["errors"][0]
+    row = _row(report, "w")
+    assert (row["shards"], row["bytes"], row["shard_read"]) == (2, sum(sizes),
+                                                                store.url("w-001.tar"))
+    assert _row(report, "gap")["missing"] == [store.url("w-002.tar")]
+
+
 def test_unreachable_store_prints_the_shares_then_exits_2(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, s3_spec: tuple[str, Store]) -> None:
     path, _ = s3_spec

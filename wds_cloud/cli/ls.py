@@ -3,9 +3,10 @@
 Shards are listed as every command reads them (:class:`~.common.Inputs`: brace patterns,
 globs, ``::`` lists, specs), then looked up without being read
 (:func:`wds_cloud.listing.shard_sizes`: one listing per directory, or a metadata request per
-shard for a few). A spec's shards are grouped by source. Shards that do not exist are listed
-as ``missing``, named on stderr, and make the exit status 2; sizes that cannot be known
-without reading (http(s), pipe:) are shown as ``?``.
+shard for a few; for http(s), a request for each shard's first byte). A spec's shards are
+grouped by source. Shards that do not exist are listed as ``missing``, named on stderr, and
+make the exit status 2; sizes that cannot be known without reading (``pipe:``, a server that
+does not say) are shown as ``?``.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ _SHOWN = 5  # missing shards named on stderr
 
 _DESCRIPTION = """\
 List shards with their sizes and a total, without reading them: local files are stat'ed,
-buckets listed (one listing per directory, or one metadata request per shard for up to 3).
-A spec's shards are grouped by source. Missing shards (e.g. of a brace pattern) are listed
-as "missing" and named on stderr (exit status 2); sizes that cannot be known without reading
-the shard (http(s)://, pipe:) show as "?".
+buckets listed (one listing per directory, or one metadata request per shard for up to 3),
+http(s) servers asked for each shard's first byte. A spec's shards are grouped by source.
+Missing shards (e.g. of a brace pattern) are listed as "missing" and named on stderr (exit
+status 2); sizes that cannot be known without reading the shard (pipe:, a server that does
+not say) show as "?".
 
 examples:
   wds-cloud ls 'shards/train-{000000..000099}.tar'

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, BinaryIO, ClassVar, cast
 from urllib.parse import urljoin, urlsplit
 
@@ -51,6 +51,8 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _MAX_REDIRECTS = 10  # aiohttp's own limit
 _SESSION_OPTIONS = frozenset(("read_bufsize", "headers"))  # what the direct path honours too
+#: requests in flight at once when looking sizes up (:meth:`HttpOpener.sizes`)
+LOOKUPS = 32
 
 
 def _meta(headers: Any, offset: int, status: int) -> ObjectMeta:
@@ -178,6 +180,71 @@ class HttpOpener:
             return cast(BinaryIO, AtomicUpload(lambda f: _put(fs, url, f, policy), url=url))
         return cast(BinaryIO, ResumableStream(_HttpSource(fs, url, policy), url=url,
                                               policy=policy, offset=offset))
+
+
+    def sizes(self, urls: Sequence[str], storage_options: dict[str, Any], *,
+              timeout: float) -> dict[str, int | None]:
+        """``{url: size}`` of those of ``urls`` that exist (``None`` where the server does not
+        say), each asked for its first byte (``Range: bytes=0-0``, whose answer names the
+        whole size; servers answer HEAD less alike), :data:`LOOKUPS` at a time, redirects
+        followed, one attempt each with ``timeout``. A 404 or 410 leaves the URL out; any
+        other error status, or no answer, raises :class:`~wds_cloud.errors.OpenError` naming
+        the URL."""
+        fs = _filesystem(dict(storage_options))
+        return cast(dict[str, "int | None"], run(fs.loop, _sizes, fs, list(urls), timeout))
+
+
+async def _sizes(fs: Any, urls: list[str], timeout: float) -> dict[str, int | None]:
+    import aiohttp
+
+    session = await fs.set_session()
+    limit = asyncio.Semaphore(LOOKUPS)
+    wait = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+
+    async def one(url: str) -> tuple[bool, int | None]:
+        async with limit:
+            return await _size_of(fs, session, url, wait)
+
+    tasks = [asyncio.ensure_future(one(url)) for url in urls]
+    try:
+        found = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:  # after a failure, the lookups still waiting are not sent
+            task.cancel()
+    return {url: size for url, (exists, size) in zip(urls, found, strict=True) if exists}
+
+
+async def _size_of(fs: Any, session: Any, url: str, wait: Any) -> tuple[bool, int | None]:
+    """Whether ``url`` exists, and its size (``None``: the server does not say)."""
+    import aiohttp
+
+    kw = dict(fs.kwargs)
+    headers = {**(kw.pop("headers", None) or {}), "Range": "bytes=0-0",
+               "Accept-Encoding": "identity"}
+    try:
+        async with session.get(fs.encode_url(url), headers=headers, timeout=wait,
+                               allow_redirects=True, **kw) as resp:
+            if resp.status == 206:
+                await resp.read()  # the one byte: the connection is kept for the next lookup
+            else:
+                resp.close()  # a whole body may follow: not read
+            status, answer = resp.status, resp.headers
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        raise OpenError(f"looking up {redact(url)} failed: {reason(exc)}",
+                        url=redact(url)) from exc
+    if status in (404, 410):
+        return False, None
+    if status >= 400 and status != 416:  # 416: an empty object has no byte 0
+        error = status_error(status, url, "looking up")
+        raise error if isinstance(error, OpenError) else OpenError(
+            f"looking up {redact(url)} failed: HTTP {status}", url=redact(url))
+    if status in (206, 416):  # Content-Range: bytes 0-0/SIZE, or bytes */0
+        total = answer.get("Content-Range", "").rpartition("/")[2]
+        return True, int(total) if total.isdigit() else None
+    if status == 200 and answer.get("Content-Encoding", "identity") in ("identity", ""):
+        length = answer.get("Content-Length")
+        return True, int(length) if length is not None and length.isdigit() else None
+    return True, None
 
 
 def _filesystem(storage_options: dict[str, Any]) -> Any:
