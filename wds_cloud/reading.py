@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .handlers import Handler
+from .io.pace import Pace
 from .io.readahead import ReadAhead
 from .pipeline import core as pipeline
 from .pipeline.rng import SHUFFLE, KeyedRandom
@@ -66,6 +67,10 @@ class ShardOpener:
         """Whether opening ``url`` ahead pays (see :meth:`Router.costs_round_trip`)."""
         return self.router.costs_round_trip(url)
 
+    def pace(self) -> Pace:
+        """The pace a new read-ahead starts from (see :meth:`Router.pace`)."""
+        return self.router.pace()
+
     def samples(
         self, src: Iterable[Sample], handler: Handler, select_files: Any, rename_files: Any,
         *, share: int = 1, cursor: ShardCursor | None = None,
@@ -84,13 +89,16 @@ def read_shards(
 ) -> Iterator[Sample]:
     """Samples of the shards ``{"url": ...}`` of ``src`` opened with ``open_stream``, the
     next ``settings.readahead // share`` opened in the background: those whose first byte is
-    a round trip away, when ``open_stream`` says which (``costs_round_trip(url)``)."""
+    a round trip away, when ``open_stream`` says which (``costs_round_trip(url)``), pre-read
+    while that pays, from the pace ``open_stream.pace()`` gives if it has one."""
     depth = settings.readahead
     if depth and share > 1:
         depth = max(1, depth // share)
     max_bytes = settings.readahead_bytes // max(share, 1)
     worth = getattr(open_stream, "costs_round_trip", None)
-    with ReadAhead(open_stream, depth=depth, max_bytes=max_bytes, worth=worth) as ahead:
+    start = getattr(open_stream, "pace", None)
+    with ReadAhead(open_stream, depth=depth, max_bytes=max_bytes, worth=worth,
+                   pace=start() if callable(start) else None) as ahead:
         yield from samples_from_shards(ahead.sources(src), handler, select_files, rename_files,
                                        open_stream=ahead.open, cursor=cursor)
 

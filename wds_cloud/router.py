@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from . import utils
 from .errors import ConfigError, OpenError, ShardNotFoundError, UnsafeURLError
 from .io import registry as openers
+from .io.pace import Pace
 from .settings import Settings, expand_path, parse_size
 from .urls import (
     AIS_PROVIDERS,
@@ -99,6 +100,20 @@ class Router:
         from .cache import ShardCache
 
         return ShardCache.from_settings(self.settings, url_to_name=self.url_to_name)
+
+    @functools.cached_property
+    def _paces(self) -> list[Pace]:
+        return []  # the pace handed out last
+
+    def pace(self) -> Pace:
+        """A judge of whether pre-reading pays (:mod:`wds_cloud.io.pace`) for a new
+        read-ahead, an epoch's, starting at the verdict of the last one handed out: links
+        keep their pace from one epoch to the next, and an epoch of few shards over a link
+        slow per connection would otherwise spend its first shards finding it again."""
+        last = self._paces
+        pace = Pace(pays=bool(last) and last[0].verdict)
+        last[:] = [pace]
+        return pace
 
     def resolve(self, url: str) -> str:
         """The URL actually opened for ``url``: after rewriting and AIStore proxying.

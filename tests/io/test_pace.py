@@ -63,3 +63,17 @@ def test_a_slow_window_while_threads_pre_read_does_not_count() -> None:
     pace2 = Pace(pays=True)
     assert pace2.note(WINDOW, FAST, prereading=True)  # fast while pre-reading: stops it
     assert not pace2.pays
+
+
+def test_the_verdict_is_whether_the_reads_turned_pre_reading_on() -> None:
+    started_on = Pace(pays=True)
+    assert started_on.verdict  # on as given
+    started_on.note(WINDOW, FAST, prereading=False)
+    assert not started_on.verdict  # turned off, never on
+    pace = Pace()
+    assert not pace.verdict
+    for _ in range(SLOW_WINDOWS):
+        pace.note(WINDOW, SLOW, prereading=False)
+    assert pace.pays and pace.verdict
+    pace.note(WINDOW, FAST, prereading=False)  # a shard that waited in the kernel's buffers
+    assert not pace.pays and pace.verdict  # still: the reads did turn it on

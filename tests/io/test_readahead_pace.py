@@ -23,6 +23,9 @@ import wds_cloud as wds
 from wds_cloud.handlers import reraise_exception
 from wds_cloud.io import Pace, ReadAhead, ReadAheadStats, pace
 from wds_cloud.io.prefetched import prefetched_stream
+from wds_cloud.reading import ShardOpener, read_shards
+from wds_cloud.router import Router
+from wds_cloud.settings import Settings
 from wds_cloud.tar.shardloop import samples_from_shards
 
 MiB = 1 << 20
@@ -172,3 +175,44 @@ def test_stopping_while_shards_are_topped_up_closes_them(
     while any(t.name.startswith("wds-readahead") for t in threading.enumerate()):
         assert time.monotonic() < deadline, "read-ahead threads left after close"
         time.sleep(0.02)
+
+
+def test_an_epoch_starts_at_the_pace_the_last_one_ended(
+    served: tuple[Any, list[str]], fault_proxy: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dataset's epochs in one process: each read-ahead starts at the verdict of the last
+    one (its router keeps it): pre-reading from the first shard on after an epoch whose
+    reads turned it on, without after one whose reads turned it off."""
+    store, names = served
+    proxy = fault_proxy(store)
+    opener = ShardOpener(Settings(readahead=2, readahead_bytes=2 * SHARE))
+    slow = [{"url": f"{proxy.url}/{store.directory}/{n}"} for n in names]
+    fast = [{"url": store.url(n)} for n in names]
+    handed: list[tuple[bool, Pace]] = []  # each pace handed out, and how it started
+    hand_out = Router.pace
+
+    def recorded(router: Router) -> Pace:
+        pace = hand_out(router)
+        handed.append((pace.pays, pace))
+        return pace
+
+    monkeypatch.setattr(Router, "pace", recorded)
+
+    def epoch(items: list[dict[str, str]]) -> tuple[bool, bool]:
+        """Whether it started pre-reading, and its verdict."""
+        keys = [s["__key__"] for s in read_shards(opener, opener.settings, items,
+                                                  reraise_exception, None, None)]
+        assert keys == _keys()
+        started, pace = handed[-1]
+        return started, pace.verdict
+
+    assert epoch(fast) == (False, False)
+    # a link of 16 MB/s shared by all connections: the kernel cannot hold the shards opened
+    # ahead while the consumer reads (as it does at 8 MB/s per connection, shards this small)
+    proxy.configure(rate=16 * 10**6)
+    assert epoch(slow) == (False, True)
+    assert epoch(slow) == (True, True)
+    assert epoch(fast) == (True, False)
+    assert epoch(fast) == (False, False)
+    assert len(handed) == 5

@@ -14,7 +14,11 @@ connection after the pre-read bytes, and tells a :class:`Pace`, which judges the
   does not count as slow: the consumer may have waited for the GIL, not for its connection.
 
 Pre-reading starts once it pays, not before: a shard no larger than its share of the budget
-is pre-read whole, and its reads could never show that pre-reading does not pay.
+is pre-read whole, and its reads could never show that pre-reading does not pay. A consumer of
+the same links later (the next epoch) starts where :attr:`Pace.verdict` says: pre-reading if
+its reads turned it on, or it started with it and never stopped. Not the last window's word,
+nor most windows': over a link slow per connection, a shard whose bytes waited in the kernel's
+buffers while the one before was read comes fast, yet pre-reading pays there.
 
 This module is layer-neutral: standard library only.
 """
@@ -40,6 +44,7 @@ class Pace:
         self._seconds = 0.0
         self._slow = 0  # slow windows in a row, none of them with pre-reading going on
         self._busy = False  # pre-reading went on during the current window
+        self._turned_on = False  # the reads turned pre-reading on
 
     def note(self, nbytes: int, seconds: float, *, prereading: bool) -> bool:
         """The consumer read ``nbytes`` in ``seconds`` (``prereading``: while read-ahead
@@ -59,4 +64,11 @@ class Pace:
         else:
             return False
         changed, self.pays = pays != self.pays, pays
+        self._turned_on = self._turned_on or (changed and pays)
         return changed
+
+    @property
+    def verdict(self) -> bool:
+        """Whether a consumer of the same links should start pre-reading: the reads turned it
+        on, or it is on as given."""
+        return self._turned_on or self.pays
