@@ -181,7 +181,6 @@ class HttpOpener:
         return cast(BinaryIO, ResumableStream(_HttpSource(fs, url, policy), url=url,
                                               policy=policy, offset=offset))
 
-
     def sizes(self, urls: Sequence[str], storage_options: dict[str, Any], *,
               timeout: float) -> dict[str, int | None]:
         """``{url: size}`` of those of ``urls`` that exist (``None`` where the server does not
