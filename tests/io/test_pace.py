@@ -65,11 +65,18 @@ def test_a_slow_window_while_threads_pre_read_does_not_count() -> None:
     assert not pace2.pays
 
 
-def test_the_verdict_is_whether_the_reads_turned_pre_reading_on() -> None:
+def test_the_verdict_for_the_next_consumer() -> None:
+    """Pre-reading if the reads turned it on, or it was on for most windows."""
     started_on = Pace(pays=True)
     assert started_on.verdict  # on as given
+    for _ in range(2):
+        started_on.note(WINDOW, SLOW, prereading=True)
+    started_on.note(WINDOW, FAST, prereading=False)  # judged while on, then off
+    for _ in range(2):
+        started_on.note(WINDOW, FAST, prereading=False)
+    assert not started_on.pays and started_on.verdict  # on for 3 windows of 5
     started_on.note(WINDOW, FAST, prereading=False)
-    assert not started_on.verdict  # turned off, never on
+    assert not started_on.verdict  # 3 of 6
     pace = Pace()
     assert not pace.verdict
     for _ in range(SLOW_WINDOWS):

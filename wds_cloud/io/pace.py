@@ -16,9 +16,9 @@ connection after the pre-read bytes, and tells a :class:`Pace`, which judges the
 Pre-reading starts once it pays, not before: a shard no larger than its share of the budget
 is pre-read whole, and its reads could never show that pre-reading does not pay. A consumer of
 the same links later (the next epoch) starts where :attr:`Pace.verdict` says: pre-reading if
-its reads turned it on, or it started with it and never stopped. Not the last window's word,
-nor most windows': over a link slow per connection, a shard whose bytes waited in the kernel's
-buffers while the one before was read comes fast, yet pre-reading pays there.
+its reads turned it on, or it was on for most of them. Not the last window's word, nor most
+windows': over a link slow per connection, a shard whose bytes waited in the kernel's buffers
+while the one before was read comes fast, yet pre-reading pays there.
 
 This module is layer-neutral: standard library only.
 """
@@ -45,6 +45,7 @@ class Pace:
         self._slow = 0  # slow windows in a row, none of them with pre-reading going on
         self._busy = False  # pre-reading went on during the current window
         self._turned_on = False  # the reads turned pre-reading on
+        self._windows = [0, 0]  # windows judged with pre-reading off, and on
 
     def note(self, nbytes: int, seconds: float, *, prereading: bool) -> bool:
         """The consumer read ``nbytes`` in ``seconds`` (``prereading``: while read-ahead
@@ -55,6 +56,7 @@ class Pace:
         if self._bytes < WINDOW:
             return False
         keeps_up = self._bytes >= FAST_READS * self._seconds
+        self._windows[self.pays] += 1
         self._slow = 0 if keeps_up else self._slow + (not self._busy)
         self._bytes, self._seconds, self._busy = 0, 0.0, prereading
         if keeps_up:
@@ -70,5 +72,6 @@ class Pace:
     @property
     def verdict(self) -> bool:
         """Whether a consumer of the same links should start pre-reading: the reads turned it
-        on, or it is on as given."""
-        return self._turned_on or self.pays
+        on, or it was on for most windows (as given, before any)."""
+        off, on = self._windows
+        return self._turned_on or (on > off if off + on else self.pays)
