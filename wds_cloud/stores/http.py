@@ -197,20 +197,23 @@ async def _sizes(fs: Any, urls: list[str], timeout: float) -> dict[str, int | No
     import aiohttp
 
     session = await fs.set_session()
-    limit = asyncio.Semaphore(LOOKUPS)
     wait = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    found: dict[str, int | None] = {}
+    pending = iter(urls)
 
-    async def one(url: str) -> tuple[bool, int | None]:
-        async with limit:
-            return await _size_of(fs, session, url, wait)
+    async def look_up() -> None:  # one of LOOKUPS, each taking the next URL when done
+        for url in pending:
+            exists, size = await _size_of(fs, session, url, wait)
+            if exists:
+                found[url] = size
 
-    tasks = [asyncio.ensure_future(one(url)) for url in urls]
+    tasks = [asyncio.ensure_future(look_up()) for _ in range(min(LOOKUPS, len(urls)))]
     try:
-        found = await asyncio.gather(*tasks)
+        await asyncio.gather(*tasks)
     finally:
-        for task in tasks:  # after a failure, the lookups still waiting are not sent
+        for task in tasks:  # after a failure, the URLs not looked up yet are not
             task.cancel()
-    return {url: size for url, (exists, size) in zip(urls, found, strict=True) if exists}
+    return found
 
 
 async def _size_of(fs: Any, session: Any, url: str, wait: Any) -> tuple[bool, int | None]:
