@@ -13,7 +13,7 @@ import pytest
 from stores.base import Store
 from stores.proxy import FaultProxy
 
-from wds_cloud.errors import OpenError
+from wds_cloud.errors import TransferError
 from wds_cloud.listing import shard_sizes
 from wds_cloud.router import Router
 from wds_cloud.settings import Settings
@@ -66,10 +66,17 @@ def test_a_server_that_ignores_ranges(no_ranges: str, tmp_path: Path) -> None:
                                                                    urls[1]: 0}
 
 
-def test_error_answers_name_the_url(web: Store,
-                                    fault_proxy: Callable[..., FaultProxy]) -> None:
+def test_error_answers_are_retried_then_name_the_url(
+        web: Store, fault_proxy: Callable[..., FaultProxy]) -> None:
+    """A 503 is retried by the settings' policy (WDS_RETRIES), then the error names the URL;
+    a URL that answers is looked up once."""
     web.put("s.tar", b"x" * 10)
     proxy = fault_proxy(web, error_rate=1.0, error_status=503)
     url = web.url("s.tar").replace(web.base_url, proxy.url)
-    with pytest.raises(OpenError, match=f"looking up {url} failed: HTTP 503"):
-        shard_sizes([url], router=Router(Settings(retries=0), None))
+    router = Router(Settings(retries=2, retry_backoff=0.01), None)
+    with pytest.raises(TransferError, match=f"cannot look up {url}: HTTP 503"):
+        shard_sizes([url], router=router)
+    assert [r.status for r in proxy.requests()] == [503] * 3
+    proxy.reset()
+    assert shard_sizes([url], router=router) == {url: 10}
+    assert [r.status for r in proxy.requests()] == [206]

@@ -9,7 +9,7 @@
   (HEAD) per URL; a single attempt each, with the settings' timeout (``WDS_TIMEOUT``);
 - openers with a ``sizes`` method (``http(s)://``, and so AIStore's REST API): the opener
   looks them up, a few at a time (for HTTP: a request for the first byte each, whose answer
-  names the whole size);
+  names the whole size), retried as reads are (``WDS_RETRIES``);
 - anything else (``pipe:``, ``-``, third-party openers): not looked up; such URLs are reported
   with size ``None``, as if they existed.
 
@@ -79,7 +79,7 @@ def shard_sizes(urls: Sequence[str], *, router: Router,
         sizer: Any = openers.get_opener(group[0][1])
         found = sizer.sizes(sorted({resolved for _, resolved in group}),
                             scheme_options(router.storage_options, scheme),
-                            timeout=router.settings.timeout)
+                            settings=router.settings)
         sizes.update((url, found[resolved]) for url, resolved in group if resolved in found)
     return {url: sizes[url] for url in urls if url in sizes}
 

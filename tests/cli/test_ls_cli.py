@@ -140,9 +140,12 @@ def test_on_s3(capsys: pytest.CaptureFixture[str], tmp_path: Path,
 
 
 def test_on_http(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                 store_factory: Callable[[str], Store]) -> None:
+                 store_factory: Callable[[str], Store], monkeypatch: pytest.MonkeyPatch) -> None:
     """http(s) shards are looked up by asking nginx for their first byte: sizes, missing
-    shards, an empty one; a refusal or no answer is an error naming the URL."""
+    shards, an empty one; a refusal or no answer (after the retries) is an error naming the
+    URL."""
+    monkeypatch.setenv("WDS_RETRIES", "1")
+    monkeypatch.setenv("WDS_RETRY_BACKOFF", "0.01")
     store = store_factory("http")
     paths = shards(tmp_path, "train", 3)
     for p in paths:
@@ -160,7 +163,7 @@ def test_on_http(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     code, out, err = ls(capsys, denied)
     assert code == 2 and out == "" and "access denied looking up" in err and denied in err
     code, out, err = ls(capsys, "http://127.0.0.1:9/train.tar")
-    assert code == 2 and "looking up http://127.0.0.1:9/train.tar failed: connection refused" \
+    assert code == 2 and "cannot look up http://127.0.0.1:9/train.tar: connection refused" \
         in err
 
 

@@ -27,6 +27,7 @@ from typing import Any, BinaryIO, ClassVar, cast
 from urllib.parse import urljoin, urlsplit
 
 from ..errors import OpenError
+from ..settings import Settings
 from ..urls import redact
 from . import direct
 from .aio import AsyncBody, guard_forks, run
@@ -182,28 +183,31 @@ class HttpOpener:
                                               policy=policy, offset=offset))
 
     def sizes(self, urls: Sequence[str], storage_options: dict[str, Any], *,
-              timeout: float) -> dict[str, int | None]:
+              settings: Settings) -> dict[str, int | None]:
         """``{url: size}`` of those of ``urls`` that exist (``None`` where the server does not
         say), each asked for its first byte (``Range: bytes=0-0``, whose answer names the
         whole size; servers answer HEAD less alike), :data:`LOOKUPS` at a time, redirects
-        followed, one attempt each with ``timeout``. A 404 or 410 leaves the URL out; any
-        other error status, or no answer, raises :class:`~wds_cloud.errors.OpenError` naming
-        the URL."""
+        followed, retried by ``settings``' retry policy. A 404 or 410 leaves the URL out;
+        another error status raises :class:`~wds_cloud.errors.OpenError` naming the URL, and
+        so do retries that ran out (:class:`~wds_cloud.errors.TransferError`)."""
         fs = _filesystem(dict(storage_options))
-        return cast(dict[str, "int | None"], run(fs.loop, _sizes, fs, list(urls), timeout))
+        policy = RetryPolicy.from_settings(settings)
+        return cast(dict[str, "int | None"], run(fs.loop, _sizes, fs, list(urls), policy))
 
 
-async def _sizes(fs: Any, urls: list[str], timeout: float) -> dict[str, int | None]:
+async def _sizes(fs: Any, urls: list[str], policy: RetryPolicy) -> dict[str, int | None]:
     import aiohttp
 
     session = await fs.set_session()
-    wait = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    wait = aiohttp.ClientTimeout(total=None, sock_connect=policy.timeout,
+                                 sock_read=policy.timeout)
     found: dict[str, int | None] = {}
     pending = iter(urls)
 
     async def look_up() -> None:  # one of LOOKUPS, each taking the next URL when done
         for url in pending:
-            exists, size = await _size_of(fs, session, url, wait)
+            retrier = Retrier(policy, url=url, doing="look up")
+            exists, size = await retrier.call_async("lookup", _size_of, fs, session, url, wait)
             if exists:
                 found[url] = size
 
@@ -217,7 +221,8 @@ async def _sizes(fs: Any, urls: list[str], timeout: float) -> dict[str, int | No
 
 
 async def _size_of(fs: Any, session: Any, url: str, wait: Any) -> tuple[bool, int | None]:
-    """Whether ``url`` exists, and its size (``None``: the server does not say)."""
+    """Whether ``url`` exists, and its size (``None``: the server does not say); raises
+    :class:`~wds_cloud.stores.retry.RetryableError` where another request may fare better."""
     import aiohttp
 
     kw = dict(fs.kwargs)
@@ -231,15 +236,15 @@ async def _size_of(fs: Any, session: Any, url: str, wait: Any) -> tuple[bool, in
             else:
                 resp.close()  # a whole body may follow: not read
             status, answer = resp.status, resp.headers
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+    except transient_errors("http") as exc:
+        raise RetryableError(f"cannot connect for {redact(url)}: {reason(exc)}") from exc
+    except (aiohttp.ClientError, OSError) as exc:
         raise OpenError(f"looking up {redact(url)} failed: {reason(exc)}",
                         url=redact(url)) from exc
     if status in (404, 410):
         return False, None
     if status >= 400 and status != 416:  # 416: an empty object has no byte 0
-        error = status_error(status, url, "looking up")
-        raise error if isinstance(error, OpenError) else OpenError(
-            f"looking up {redact(url)} failed: HTTP {status}", url=redact(url))
+        raise status_error(status, url, "looking up")  # 408, 429, 5xx: retryable
     if status in (206, 416):  # Content-Range: bytes 0-0/SIZE, or bytes */0
         total = answer.get("Content-Range", "").rpartition("/")[2]
         return True, int(total) if total.isdigit() else None
