@@ -137,6 +137,8 @@ def test_on_s3(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     assert code == 0 and [(s["name"], s["shards"]) for s in doc["sources"]] == [("t", 4),
                                                                                 ("o", 1)]
     assert doc["total"]["bytes"] == sum(p.stat().st_size for p in paths) + 10
+    code, out, err = ls(capsys, "s3://*", *flags)  # s3fs does not glob across buckets
+    assert code == 2 and "listing s3://* failed: ValueError: Cannot traverse all of S3" in err
 
 
 def test_on_http(capsys: pytest.CaptureFixture[str], tmp_path: Path,

@@ -39,6 +39,7 @@ from .retry import (
     RetryableError,
     RetryPolicy,
     is_transient,
+    reason,
     status_error,
     transient_errors,
 )
@@ -62,7 +63,7 @@ def _azure_failure(exc: Exception, url: str, doing: str, offset: int = 0) -> Exc
         code = getattr(exc, "error_code", None) or headers.get("x-ms-error-code") or ""
         return status_error(exc.status_code or 0, url, doing,
                             detail=str(getattr(code, "value", code)), offset=offset)
-    return OpenError(f"{doing} {redact(url)} failed: {type(exc).__name__}", url=redact(url))
+    return OpenError(f"{doing} {redact(url)} failed: {reason(exc)}", url=redact(url))
 
 
 def _azure_options(policy: RetryPolicy) -> dict[str, Any]:

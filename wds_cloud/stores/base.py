@@ -42,7 +42,7 @@ from ..errors import ConfigError, OpenError
 from ..settings import Settings
 from ..urls import redact, split_scheme
 from .aio import AsyncBody, guard_forks, run
-from .retry import RetryPolicy, status_error
+from .retry import RetryPolicy, reason, status_error
 from .streams import AtomicUpload, Body, ObjectMeta, ResumableStream, opener_options
 
 __all__ = ["CloudOpener", "Fetched", "LoopSource", "Request", "header_meta", "library_error",
@@ -74,7 +74,7 @@ def library_error(exc: BaseException, url: str, doing: str) -> Exception:
         return status_error(404, url, doing)
     if isinstance(exc, PermissionError) or str(exc).startswith("Forbidden"):  # gcsfs's 403
         return status_error(403, url, doing)
-    return OpenError(f"{doing} {redact(url)} failed: {type(exc).__name__}", url=redact(url))
+    return OpenError(f"{doing} {redact(url)} failed: {reason(exc)}", url=redact(url))
 
 
 def object_size(content_range: str | None, content_length: Any, offset: int) -> int | None:

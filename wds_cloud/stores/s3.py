@@ -59,6 +59,7 @@ from .retry import (
     RetryableError,
     RetryPolicy,
     is_transient,
+    reason,
     status_error,
     transient_errors,
 )
@@ -99,7 +100,7 @@ def _s3_failure(exc: BaseException, url: str, doing: str, offset: int) -> Except
         return OpenError(f"{doing} {redact(url)}: {exc}", url=redact(url))
     if is_transient(exc, "s3"):  # EndpointConnectionError, ReadTimeoutError, aiohttp errors
         return RetryableError(f"{doing} {redact(url)} failed: {type(exc).__name__}")
-    return OpenError(f"{doing} {redact(url)} failed: {type(exc).__name__}", url=redact(url))
+    return OpenError(f"{doing} {redact(url)} failed: {reason(exc)}", url=redact(url))
 
 
 async def _client(fs: Any, url: str, doing: str, bucket: str | None, offset: int = 0) -> Any:
