@@ -1,10 +1,12 @@
 """:func:`wds_cloud.listing.shard_sizes` for http(s) URLs, on real servers: nginx (ranges),
-Python's ``http.server`` (which ignores them) and the fault proxy (error answers)."""
+Python's ``http.server`` (which ignores them) and the fault proxy (error answers); and the
+retries of S3 listings and lookups (``shard_sizes`` and ``glob``) behind the fault proxy."""
 
 from __future__ import annotations
 
 import functools
 import http.server
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +15,9 @@ import pytest
 from stores.base import Store
 from stores.proxy import FaultProxy
 
+import wds_cloud as wds
 from wds_cloud.errors import TransferError
+from wds_cloud.io.registry import get_opener
 from wds_cloud.listing import shard_sizes
 from wds_cloud.router import Router
 from wds_cloud.settings import Settings
@@ -80,3 +84,44 @@ def test_error_answers_are_retried_then_name_the_url(
     proxy.reset()
     assert shard_sizes([url], router=router) == {url: 10}
     assert [r.status for r in proxy.requests()] == [206]
+
+
+def test_s3_listings_and_lookups_are_retried_by_the_policy(
+        store_factory: Callable[[str], Store], fault_proxy: Callable[..., FaultProxy]) -> None:
+    """s3fs pages a listing outside its retry loop and botocore's retries are off, so a 503 on
+    a glob, a listing or a lookup is retried by ours: WDS_RETRIES of them, then the error names
+    the URL, with nobody retrying behind our back; a store that answers in between is read."""
+    s3 = store_factory("s3")
+    for k in range(5):
+        s3.put(f"listed/a-{k}.tar", b"x" * (10 + k))
+    proxy = fault_proxy(s3)
+    via = s3.proxied(proxy)
+    settings = Settings(retries=2, retry_backoff=0.01)
+    router = Router(settings, via.storage_options)
+    few, many = [via.url(f"listed/a-{k}.tar") for k in range(2)], \
+        [via.url(f"listed/a-{k}.tar") for k in range(5)]
+    pattern = via.url("listed/a-*.tar")
+    opener = get_opener(pattern)
+    for call, said in [(lambda: shard_sizes(few, router=router), f"cannot look up {few[0]}"),
+                       (lambda: shard_sizes(many, router=router),
+                        f"cannot list {via.url('listed')}"),
+                       (lambda: opener.glob(pattern, storage_options=via.storage_options["s3"],
+                                            settings=settings), f"cannot list {pattern}")]:
+        proxy.reset()  # the counts, and the faults back to none
+        proxy.configure(error_rate=1.0, error_status=503)
+        with pytest.raises(TransferError, match=rf"^{re.escape(said)}: HTTP 503 (\w+ )?on"):
+            call()
+        assert [r.status for r in proxy.requests()] == [503] * 3
+
+    proxy.reset()
+    proxy.configure(error_rate=0.5, error_status=503)
+    wds.reset_io_stats()
+    settings = Settings(retry_backoff=0.01)  # and the default WDS_RETRIES
+    router = Router(settings, via.storage_options)
+    sizes = {u: 10 + k for k, u in enumerate(many)}
+    assert shard_sizes(few, router=router) == {u: sizes[u] for u in few}
+    assert shard_sizes(many, router=router) == sizes
+    assert opener.glob(pattern, storage_options=via.storage_options["s3"],
+                       settings=settings) == many
+    errors = proxy.stats()["faults"]["error"]
+    assert errors > 0 and wds.io_stats()["retries"] == errors

@@ -6,7 +6,8 @@
 - local paths and ``file:`` URLs: ``os.stat``;
 - stores whose opener has an fsspec ``filesystem`` (``s3://``, ``gs://``, ``az://``): one
   listing per directory holding more than :data:`FEW` of the URLs, else one metadata request
-  (HEAD) per URL; a single attempt each, with the settings' timeout (``WDS_TIMEOUT``);
+  (HEAD) per URL, with the settings' timeout (``WDS_TIMEOUT``), retried by the store's library
+  or, where it does not retry them (S3), as reads are (``WDS_RETRIES``);
 - openers with a ``sizes`` method (``http(s)://``, and so AIStore's REST API): the opener
   looks them up, a few at a time (for HTTP: a request for the first byte each, whose answer
   names the whole size), retried as reads are (``WDS_RETRIES``);
@@ -26,7 +27,7 @@ from typing import Any
 
 from .io import registry as openers
 from .router import Router, scheme_options
-from .stores.base import library_error
+from .settings import Settings
 from .urls import file_url_path, redact, split_scheme
 
 __all__ = ["FEW", "Listings", "shard_sizes"]
@@ -106,16 +107,16 @@ def _remote_sizes(router: Router, scheme: str, directory: str, group: list[tuple
             path = fs._strip_protocol(resolved)
             fs.invalidate_cache(path)
             try:
-                info = fs.info(path)
+                info = opener.listed(resolved, "look up", fs.info, path,
+                                     settings=router.settings)
             except FileNotFoundError:
                 continue
-            except Exception as exc:  # the libraries raise builtins and their own errors
-                raise library_error(exc, resolved, "looking up") from exc
             if info.get("type", "file") == "file":
                 out[url] = _size(info)
         return out
     if known is None:
-        known = listings[(directory, repr(sorted(options.items())))] = _listing(fs, directory)
+        known = listings[(directory, repr(sorted(options.items())))] = _listing(
+            opener, fs, directory, router.settings)
     if isinstance(known, Exception):
         raise known
     for url, resolved in group:
@@ -125,19 +126,18 @@ def _remote_sizes(router: Router, scheme: str, directory: str, group: list[tuple
     return out
 
 
-def _listing(fs: Any, directory: str) -> dict[str, dict[str, Any]] | Exception:
+def _listing(opener: Any, fs: Any, directory: str,
+             settings: Settings) -> dict[str, dict[str, Any]] | Exception:
     """``{path: entry}`` of the files in ``directory``, or the error to raise."""
     path = fs._strip_protocol(directory)
     fs.invalidate_cache(path)  # list afresh
     try:
-        listed = fs.ls(path, detail=True)
+        listed = opener.listed(directory, "list", fs.ls, path, True, settings=settings)
     except FileNotFoundError:
         log.debug("listing %s: no such directory or bucket", redact(directory))
         return {}
-    except Exception as exc:  # the libraries raise builtins and their own errors
-        error = library_error(exc, directory, "listing")
-        error.__cause__ = exc
-        return error
+    except Exception as exc:  # our error for what the library raised
+        return exc
     files = {entry["name"].rstrip("/"): entry for entry in listed
              if entry.get("type", "file") == "file"}
     log.debug("listing %s: %d objects", redact(directory), len(files))

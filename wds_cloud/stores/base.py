@@ -22,6 +22,9 @@ libraries' own are off (or bypassed), so that the policy is the one that counts 
 shows in :func:`~wds_cloud.stores.retry.io_stats`.
 
 **Listing**: ``glob("s3://bucket/train/shard-*.tar")`` returns full URLs with the scheme given.
+Listings and lookups (``glob``, and ``info``/``ls`` for the sizes of ``ls`` and ``spec check``)
+go through :meth:`CloudOpener.listed`: where the library does not retry them itself (s3fs's
+paginated listings; botocore's retries are off), the policy of reads retries them.
 
 ``storage_options`` are the keyword arguments of the scheme's fsspec filesystem class; a name it
 does not take is a :class:`~wds_cloud.errors.ConfigError`. Credentials come from there or from
@@ -36,13 +39,13 @@ import inspect
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, BinaryIO, ClassVar, cast
+from typing import Any, BinaryIO, ClassVar, TypeVar, cast
 
 from ..errors import ConfigError, OpenError
 from ..settings import Settings
 from ..urls import redact, split_scheme
 from .aio import AsyncBody, guard_forks, run
-from .retry import RetryPolicy, reason, status_error
+from .retry import Retrier, RetryableError, RetryPolicy, reason, status_error
 from .streams import AtomicUpload, Body, ObjectMeta, ResumableStream, opener_options
 
 __all__ = ["CloudOpener", "Fetched", "LoopSource", "Request", "header_meta", "library_error",
@@ -63,6 +66,7 @@ _GLOB = re.compile(r"[*?\[]")
 Fetched = tuple[AsyncBody, ObjectMeta]
 #: ``request(method, *args, **kw)``: one call of a store's client, awaited
 Request = Callable[..., Awaitable[Any]]
+T = TypeVar("T")
 
 
 def library_error(exc: BaseException, url: str, doing: str) -> Exception:
@@ -192,6 +196,10 @@ class CloudOpener:
     choice between one PUT and a multipart upload. A store sets ``protocol`` and gives
     ``_source``, ``_put`` and ``_put_parts``."""
 
+    #: whether the library retries its own listings and lookups (gcsfs's ``_request`` does,
+    #: and azure-core's policy); where it does not, :meth:`listed` retries them
+    library_retries_listings: ClassVar[bool] = True
+
     takes_settings: ClassVar[bool] = True
     #: ``open(url, "rb", offset=n)`` starts at byte n (a ranged GET)
     ranged: ClassVar[bool] = True
@@ -218,10 +226,37 @@ class CloudOpener:
         path = fs._strip_protocol(pattern)
         fs.invalidate_cache(_GLOB.split(path, 1)[0].rsplit("/", 1)[0])  # list afresh
         try:
-            found = fs.glob(path)
-        except Exception as exc:  # the libraries raise builtins and their own errors
+            found = self.listed(pattern, "list", fs.glob, path, settings=settings)
+        except FileNotFoundError as exc:
             raise library_error(exc, pattern, "listing") from exc
         return [self._url_of(pattern, p) for p in found]
+
+    def listed(self, url: str, doing: str, fn: Callable[..., T], *args: Any,
+               settings: Settings | None = None) -> T:
+        """``fn(*args)``: the library listing or looking up ``url`` (``doing``: ``"list"`` or
+        ``"look up"``). What it raises comes out as our error, but ``FileNotFoundError``, which
+        callers read as "not there"; a failure a new request may get past is retried by the
+        settings' policy (``WDS_RETRIES``, backoff) unless the library retried it already."""
+        gerund = {"list": "listing", "look up": "looking up"}[doing]
+        retrier = None
+        while True:
+            try:
+                return fn(*args)
+            except FileNotFoundError:
+                raise
+            except Exception as exc:  # the libraries raise builtins and their own errors
+                error = self._failure(exc, url, gerund)
+                if self.library_retries_listings or not isinstance(error, RetryableError):
+                    raise error from exc
+                error.__cause__ = exc
+                if retrier is None:
+                    policy = RetryPolicy.from_settings(settings or Settings())
+                    retrier = Retrier(policy, url=url, doing=doing)
+                retrier.wait(error, gerund)
+
+    def _failure(self, exc: BaseException, url: str, doing: str) -> Exception:
+        """Our error for what the store's library raised while ``doing`` ``url``."""
+        return library_error(exc, url, doing)
 
     def filesystem(self, url: str, storage_options: dict[str, Any], *, timeout: float) -> Any:
         """``fsspec.filesystem`` for this scheme, after checking ``storage_options``."""

@@ -278,6 +278,21 @@ class S3Opener(CloudOpener):
     """``s3://bucket/key`` through s3fs."""
 
     protocol = "s3"
+    #: s3fs pages listings with botocore's paginator, outside its retry loop
+    library_retries_listings = False
+
+    def filesystem(self, url: str, storage_options: dict[str, Any], *, timeout: float) -> Any:
+        fs = super().filesystem(url, storage_options, timeout=timeout)
+        fs.retries = 1  # s3fs's loop around a lookup (``info``) would retry behind ours
+        return fs
+
+    def _failure(self, exc: BaseException, url: str, doing: str) -> Exception:
+        from botocore.exceptions import ClientError
+
+        cause: BaseException | None = exc  # s3fs raises an OSError from botocore's error
+        while cause is not None and not isinstance(cause, ClientError):
+            cause = cause.__cause__
+        return _s3_failure(cause or exc, url, doing, 0)
 
     def _passes(self, name: str) -> bool:
         from aiobotocore.session import AioSession
