@@ -92,7 +92,8 @@ def _s3_failure(exc: BaseException, url: str, doing: str, offset: int) -> Except
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         status = _CODE_STATUS.get(code, status)
-        return status_error(status, url, doing, detail=code, offset=offset)
+        detail = "" if code.isdigit() else code  # a HEAD answer has no body: its code is "503"
+        return status_error(status, url, doing, detail=detail, offset=offset)
     if isinstance(exc, NoCredentialsError):
         return AccessDeniedError(f"no credentials for {redact(url)}: give key and secret in "
                                  "storage_options or configure the AWS SDK", url=redact(url))
