@@ -86,11 +86,13 @@ def test_error_answers_are_retried_then_name_the_url(
     assert [r.status for r in proxy.requests()] == [206]
 
 
+@pytest.mark.parametrize("status", [503, 500])
 def test_s3_listings_and_lookups_are_retried_by_the_policy(
-        store_factory: Callable[[str], Store], fault_proxy: Callable[..., FaultProxy]) -> None:
-    """s3fs pages a listing outside its retry loop and botocore's retries are off, so a 503 on
-    a glob, a listing or a lookup is retried by ours: WDS_RETRIES of them, then the error names
-    the URL, with nobody retrying behind our back; a store that answers in between is read."""
+        store_factory: Callable[[str], Store], fault_proxy: Callable[..., FaultProxy],
+        status: int) -> None:
+    """A 503 or 500 on a glob, a listing or a lookup is retried by our policy (botocore's
+    retries and s3fs's loop are off): WDS_RETRIES of them, then the error names the URL, with
+    nobody retrying behind our back; a store that answers in between is read."""
     s3 = store_factory("s3")
     for k in range(5):
         s3.put(f"listed/a-{k}.tar", b"x" * (10 + k))
@@ -108,13 +110,14 @@ def test_s3_listings_and_lookups_are_retried_by_the_policy(
                        (lambda: opener.glob(pattern, storage_options=via.storage_options["s3"],
                                             settings=settings), f"cannot list {pattern}")]:
         proxy.reset()  # the counts, and the faults back to none
-        proxy.configure(error_rate=1.0, error_status=503)
-        with pytest.raises(TransferError, match=f"^{re.escape(said)}: HTTP 503 (SlowDown )?on"):
+        proxy.configure(error_rate=1.0, error_status=status)
+        with pytest.raises(TransferError, match=f"^{re.escape(said)}: HTTP {status} "
+                                                "(SlowDown |InternalError )?on"):
             call()
-        assert [r.status for r in proxy.requests()] == [503] * 3
+        assert [r.status for r in proxy.requests()] == [status] * 3
 
     proxy.reset()
-    proxy.configure(error_rate=0.5, error_status=503)
+    proxy.configure(error_rate=0.5, error_status=status)
     wds.reset_io_stats()
     settings = Settings(retry_backoff=0.01)  # and the default WDS_RETRIES
     router = Router(settings, via.storage_options)

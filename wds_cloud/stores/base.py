@@ -23,8 +23,8 @@ shows in :func:`~wds_cloud.stores.retry.io_stats`.
 
 **Listing**: ``glob("s3://bucket/train/shard-*.tar")`` returns full URLs with the scheme given.
 Listings and lookups (``glob``, and ``info``/``ls`` for the sizes of ``ls`` and ``spec check``)
-go through :meth:`CloudOpener.listed`: where the library does not retry them itself (s3fs's
-paginated listings; botocore's retries are off), the policy of reads retries them.
+go through :meth:`CloudOpener.listed`: where the library's own retries are off (S3's), the
+policy of reads retries them.
 
 ``storage_options`` are the keyword arguments of the scheme's fsspec filesystem class; a name it
 does not take is a :class:`~wds_cloud.errors.ConfigError`. Credentials come from there or from
