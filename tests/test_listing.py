@@ -128,3 +128,23 @@ def test_s3_listings_and_lookups_are_retried_by_the_policy(
                        settings=settings) == many
     errors = proxy.stats()["faults"]["error"]
     assert errors > 0 and wds.io_stats()["retries"] == errors
+
+
+def test_a_listing_the_library_retries_ends_in_our_error(
+        store_factory: Callable[[str], Store], fault_proxy: Callable[..., FaultProxy]) -> None:
+    """azure-core (and gcsfs) retry listings by their own policies (azure-core's does not retry
+    a 429; a 500 it retries 3 times over ~90 s, gcsfs 5 times over ~30 s). When the library
+    gives up, the error is ours (``TransferError``, naming the pattern), not the library's nor
+    the internal ``RetryableError``, and our policy adds no retries on top of the SDK's."""
+    az = store_factory("az")
+    az.put("listed/a-0.tar", b"x")
+    proxy = fault_proxy(az)
+    via = az.proxied(proxy)
+    proxy.configure(error_rate=1.0, error_status=429, retry_after=0, only_methods=["GET"])
+    pattern = via.url("listed/a-*.tar")
+    with pytest.raises(TransferError, match=f"^cannot list {re.escape(pattern)}: HTTP 429 .*on "
+                                            "listing [(]the store's library retries it by its "
+                                            "own policy, not WDS_RETRIES[)]$"):
+        get_opener(pattern).glob(pattern, storage_options=via.storage_options["az"],
+                                 settings=Settings(retries=8, retry_backoff=0.01))
+    assert [r.status for r in proxy.requests() if r.method == "GET"] == [429]

@@ -236,9 +236,12 @@ class CloudOpener:
         """``fn(*args)``: the library listing or looking up ``url`` (``doing``: ``"list"`` or
         ``"look up"``). What it raises comes out as our error, but ``FileNotFoundError``, which
         callers read as "not there"; a failure a new request may get past is retried by the
-        settings' policy (``WDS_RETRIES``, backoff) unless the library retried it already."""
+        settings' policy (``WDS_RETRIES``, backoff) unless the library has a policy of its own
+        for listings (gcsfs, azure-core); either way it ends in a
+        :class:`~wds_cloud.errors.TransferError`, not the internal ``RetryableError``."""
         gerund = {"list": "listing", "look up": "looking up"}[doing]
-        retrier = None
+        retrier = Retrier(RetryPolicy.from_settings(settings or Settings()), url=url,
+                          doing=doing)
         while True:
             try:
                 return fn(*args)
@@ -246,12 +249,13 @@ class CloudOpener:
                 raise
             except Exception as exc:  # the libraries raise builtins and their own errors
                 error = self._failure(exc, url, gerund)
-                if self.library_retries_listings or not isinstance(error, RetryableError):
+                if not isinstance(error, RetryableError):
                     raise error from exc
+                if self.library_retries_listings:
+                    raise retrier.give_up(f"{reason(error)} on {gerund} (the store's library "
+                                          "retries it by its own policy, not WDS_RETRIES)") \
+                        from exc
                 error.__cause__ = exc
-                if retrier is None:
-                    policy = RetryPolicy.from_settings(settings or Settings())
-                    retrier = Retrier(policy, url=url, doing=doing)
                 retrier.wait(error, gerund)
 
     def _failure(self, exc: BaseException, url: str, doing: str) -> Exception:
