@@ -147,4 +147,7 @@ def test_a_listing_the_library_retries_ends_in_our_error(
                                             "own policy, not WDS_RETRIES[)]$"):
         get_opener(pattern).glob(pattern, storage_options=via.storage_options["az"],
                                  settings=Settings(retries=8, retry_backoff=0.01))
-    assert [r.status for r in proxy.requests() if r.method == "GET"] == [429]
+    gets = [r.status for r in proxy.requests() if r.method == "GET"]
+    # the SDK's attempts (1 for a 429 in azure-storage-blob 12; 4 at most by its default
+    # policy), not our policy's 9 on top of them
+    assert gets and set(gets) == {429} and len(gets) <= 4
