@@ -58,6 +58,7 @@ __all__ = [
     "Retrier",
     "RetryPolicy",
     "RetryableError",
+    "causes",
     "count_io",
     "describe",
     "io_stats",
@@ -214,7 +215,7 @@ _NAMED_REASONS = (("Timeout", "timed out"), ("Disconnected", "server disconnecte
                   ("Connect", "cannot connect"))
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def causes(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and what it was raised from (or during), outermost first."""
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -254,7 +255,7 @@ def reason(exc: BaseException) -> str:
     Looks through ``exc`` and what it was raised from: a :class:`RetryableError`'s own
     ``reason`` first, else the innermost error it knows, with the address a connection error
     names; else ``Type: message`` of ``exc`` (URLs redacted)."""
-    chain = list(_chain(exc))
+    chain = list(causes(exc))
     for error in chain:
         if isinstance(error, RetryableError) and error.reason:
             return error.reason

@@ -58,6 +58,7 @@ from .retry import (
     Retrier,
     RetryableError,
     RetryPolicy,
+    causes,
     is_transient,
     reason,
     status_error,
@@ -291,10 +292,9 @@ class S3Opener(CloudOpener):
     def _failure(self, exc: BaseException, url: str, doing: str) -> Exception:
         from botocore.exceptions import ClientError
 
-        cause: BaseException | None = exc  # s3fs raises an OSError from botocore's error
-        while cause is not None and not isinstance(cause, ClientError):
-            cause = cause.__cause__
-        return _s3_failure(cause or exc, url, doing, 0)
+        # s3fs raises an OSError from botocore's error
+        answer = next((e for e in causes(exc) if isinstance(e, ClientError)), exc)
+        return _s3_failure(answer, url, doing, 0)
 
     def _passes(self, name: str) -> bool:
         from aiobotocore.session import AioSession
