@@ -243,11 +243,11 @@ async def _size_of(fs: Any, session: Any, url: str, wait: Any) -> tuple[bool, in
                         url=redact(url)) from exc
     if status in (404, 410):
         return False, None
-    if status >= 400 and status != 416:  # 416: an empty object has no byte 0
-        raise status_error(status, url, "looking up")  # 408, 429, 5xx: retryable
     if status == 416:  # an empty object has no byte 0: Content-Range: bytes */0
         total = answer.get("Content-Range", "").rpartition("/")[2]
         return True, int(total) if total.isdigit() else None
+    if status >= 400:
+        raise status_error(status, url, "looking up")  # 408, 429, 5xx: retryable
     if status == 200 and answer.get("Content-Encoding", "identity") not in ("identity", ""):
         return True, None  # the length of a compressed body is not the object's size
     return True, _meta(answer, 0, status).size  # as a read judges it: Content-Range, else length
