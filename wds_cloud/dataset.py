@@ -225,6 +225,7 @@ class WebDataset(DataPipeline, FluidInterface):
         allow_pipe: bool = False,
         epoch_mode: str | None = None,
         remainder: str = "pad",
+        split: str | None = None,
     ) -> None:
         super().__init__()
         refuse_unsupported(urls, mode)
@@ -239,7 +240,7 @@ class WebDataset(DataPipeline, FluidInterface):
                 urls, settings=settings, seed=seed, storage_options=storage_options or {},
                 url_to_name=url_to_name, handler=handler, select_files=select_files,
                 rename_files=rename_files, worker_info=functools.partial(worker_info, settings),
-                allow_pipe=allow_pipe)
+                allow_pipe=allow_pipe, split=split)
             from .spec.build import SpecMix
 
             chosen = seed is not None or settings.seed is not None or self.spec.seed is not None
@@ -247,8 +248,10 @@ class WebDataset(DataPipeline, FluidInterface):
                 "spec", fingerprint(self.spec.describe(), source.urls), self.seed,
                 seed_chosen=chosen)
             if not isinstance(source, SpecMix):
-                self.book.unsupported = ("a counted spec (resample/choose) does not resume "
-                                         "yet; a weighted one does")
+                self.book.unsupported = (f"a spec that reads per-epoch {self.spec.mode} "
+                                         "(webdataset's shard lists, Mosaic's or Energon's "
+                                         "sample counts) does not resume yet; a weighted one "
+                                         "does")
             self.append(source)
             if repeat:
                 self.repeat()
@@ -260,6 +263,9 @@ class WebDataset(DataPipeline, FluidInterface):
         where = functools.partial(worker_info, settings)
         if remainder != "pad" and epoch_mode is None:
             raise ConfigError("WebDataset(remainder=...) goes with epoch_mode='exact'")
+        if split is not None:
+            raise ConfigError(f"WebDataset(split={split!r}) is for dataset specs (an Energon "
+                              "metadataset's splits), not for a shard list")
         if epoch_mode is not None:
             self.append(exact_source(urls, epoch_mode, remainder, resampled,
                                       self.seed if chosen else 0, settings, where))

@@ -7,7 +7,6 @@ composition root (with :mod:`wds_cloud.dataset` and :mod:`wds_cloud.reading`).
 from __future__ import annotations
 
 import functools
-import os
 import random
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -79,13 +78,12 @@ def refuse_unsupported(urls: object, mode: str | None) -> None:
 
 
 def is_spec(urls: object) -> bool:
-    """A dataset spec: a ``DatasetSpec``, a dict, or a ``.yaml``/``.yml``/``.json`` path."""
+    """A dataset spec: a ``DatasetSpec``, a dict, or a ``.yaml``/``.yml``/``.json`` path
+    (``FILE#key.path`` for a section of a larger config)."""
     from .spec import DatasetSpec
+    from .spec.schema import is_spec_path
 
-    if isinstance(urls, os.PathLike):
-        urls = os.fspath(urls)
-    return isinstance(urls, (Mapping, DatasetSpec)) or (
-        isinstance(urls, str) and urls.endswith((".yaml", ".yml", ".json")))
+    return isinstance(urls, (Mapping, DatasetSpec)) or is_spec_path(urls)
 
 
 def is_directory(urls: object) -> bool:

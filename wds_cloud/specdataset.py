@@ -11,6 +11,7 @@ source's, per scheme and key). The mixing itself is layer 2: :mod:`wds_cloud.spe
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -19,15 +20,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ConfigError
 from .handlers import Handler, reraise_exception
 from .pipeline.epochs import EpochCounter
 from .pipeline.shards import WorkerInfo
 from .pytorch import DataPipeline, worker_info
 from .reading import ShardOpener, read_shards
-from .router import expand_glob
 from .settings import Settings
 from .spec import DatasetSpec, load_spec
 from .spec.build import SpecEpochShards, SpecMix, SpecShardMix
+from .spec.quota import SpecSampleEpochs
+from .specshards import Listed, list_source
 from .tar.shardloop import ShardCursor
 from .urls import merge_scheme_options
 
@@ -43,8 +46,6 @@ SpecLike = str | os.PathLike[str] | Mapping[str, Any] | DatasetSpec
 def _seed(seed: object, settings: Settings, spec: DatasetSpec) -> int:
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int):
-            from .errors import ConfigError
-
             raise ConfigError(f"WebDataset(seed=...) must be an integer, got {seed!r}")
         return seed
     if settings.seed is not None:
@@ -57,44 +58,85 @@ def _seed(seed: object, settings: Settings, spec: DatasetSpec) -> int:
     return chosen
 
 
+def spec_settings(spec: DatasetSpec, settings: Settings) -> Settings:
+    """``settings`` with what the spec itself sets (Mosaic's ``download_retry``,
+    ``download_timeout``, ``cache_limit``)."""
+    return dataclasses.replace(settings, **spec.settings) if spec.settings else settings
+
+
 def _openers(spec: DatasetSpec, settings: Settings, storage_options: Mapping[str, Any],
              url_to_name: Callable[[str], str] | None) -> tuple[ShardOpener, ...]:
+    settings = spec_settings(spec, settings)
     made: list[ShardOpener] = []
     for source in spec.sources:
         options = merge_scheme_options(storage_options, spec.storage_options,
                                        source.storage_options)
-        same = next((o for o in made if o.storage_options == options), None)
-        made.append(same or ShardOpener(settings, options, url_to_name))
+        mine = (dataclasses.replace(settings, cache_dir=os.path.abspath(source.cache_dir))
+                if source.cache_dir else settings)
+        same = next((o for o in made if o.storage_options == options and o.settings == mine),
+                    None)
+        made.append(same or ShardOpener(mine, options, url_to_name))
     return tuple(made)
 
 
 @dataclass(frozen=True)
 class _SpecReader:
-    """Reads the shard items of source ``i`` (``-1``: of any source) into samples;
-    picklable, for DataLoader workers."""
+    """Reads the shard items of source ``i`` (``-1``: of any source) into samples, leaving
+    out the samples a prepared dataset excludes; picklable, for DataLoader workers."""
 
     openers: tuple[ShardOpener, ...]
     owners: Mapping[str, int]
     handler: Handler
     select_files: Any
     rename_files: Any
+    excluded: frozenset[tuple[str, str]] = frozenset()
 
     def __call__(self, items: Iterable[dict[str, Any]], i: int,
                  cursor: ShardCursor | None = None) -> Iterator[Sample]:
         share = len(self.openers)
         if i >= 0:
-            return self.openers[i].samples(items, self.handler, self.select_files,
-                                           self.rename_files, share=share, cursor=cursor)
-        return read_shards(self._open, self.openers[0].settings, items, self.handler,
-                           self.select_files, self.rename_files, cursor=cursor)
+            samples = self.openers[i].samples(items, self.handler, self.select_files,
+                                              self.rename_files, share=share, cursor=cursor)
+        else:
+            samples = read_shards(self._open, self.openers[0].settings, items, self.handler,
+                                  self.select_files, self.rename_files, cursor=cursor)
+        return self._kept(samples) if self.excluded else samples
+
+    def _kept(self, samples: Iterator[Sample]) -> Iterator[Sample]:
+        try:
+            for sample in samples:
+                if (sample.get("__url__"), sample.get("__key__")) not in self.excluded:
+                    yield sample
+        finally:
+            close = getattr(samples, "close", None)
+            if close is not None:
+                close()
 
     def _open(self, url: str, **kw: Any) -> Any:
         return self.openers[self.owners.get(url, 0)](url, **kw)
 
 
-def _listed(spec: DatasetSpec, openers: tuple[ShardOpener, ...]) -> list[list[str]]:
-    return [expand_glob(list(source.urls), router=opener.router)
+def _listed(spec: DatasetSpec, openers: tuple[ShardOpener, ...]) -> list[Listed]:
+    return [list_source(spec, source, opener.router)
             for source, opener in zip(spec.sources, openers, strict=True)]
+
+
+def _counts(spec: DatasetSpec, listed: list[Listed], read: _SpecReader) -> list[list[int]]:
+    """Samples per shard of every source (an epoch that counts samples needs them): from
+    ``.nv-meta`` where the dataset says them (less its excluded samples), else by reading
+    each shard once (logged)."""
+    out = []
+    for i, (source, found) in enumerate(zip(spec.sources, listed, strict=True)):
+        if found.counts is not None:
+            gone = {url for url, _ in found.excluded}
+            out.append([n - sum(1 for u, _ in found.excluded if u == url) if url in gone else n
+                        for url, n in zip(found.urls, found.counts, strict=True)])
+            continue
+        log.info("%s: %s (%r): counting the samples of %d shards (an Energon-prepared "
+                 "dataset's .nv-meta says them without a read)", spec.origin, source.key,
+                 source.name, len(found.urls))
+        out.append([sum(1 for _ in read(iter([{"url": url}]), i)) for url in found.urls])
+    return out
 
 
 def spec_source(
@@ -103,19 +145,27 @@ def spec_source(
     url_to_name: Callable[[str], str] | None = None, handler: Handler = reraise_exception,
     select_files: Any = None, rename_files: Any = None,
     worker_info: Callable[[], WorkerInfo] | None = None, allow_pipe: bool = False,
-) -> tuple[DatasetSpec, int, SpecMix | SpecEpochShards]:
+    split: str | None = None,
+) -> tuple[DatasetSpec, int, SpecMix | SpecEpochShards | SpecSampleEpochs]:
     """``(spec, seed, source)``: the samples of ``spec`` as a pipeline's first stage.
 
-    A weighted spec gives a :class:`~wds_cloud.spec.build.SpecMix`, a counted one
-    (``resample``/``choose``) a :class:`~wds_cloud.spec.build.SpecEpochShards`.
+    A spec of mode ``"mix"`` gives a :class:`~wds_cloud.spec.build.SpecMix`, one of mode
+    ``"shards"`` a :class:`~wds_cloud.spec.build.SpecEpochShards`, one of mode ``"samples"`` a
+    :class:`~wds_cloud.spec.quota.SpecSampleEpochs`. ``split``: an Energon metadataset's split.
     """
-    loaded = load_spec(spec, environ=settings.environ, allow_pipe=allow_pipe)
+    loaded = load_spec(spec, environ=settings.environ, allow_pipe=allow_pipe, split=split)
     chosen = _seed(seed, settings, loaded)
     openers = _openers(loaded, settings, storage_options or {}, url_to_name)
-    urls = _listed(loaded, openers)
+    listed = _listed(loaded, openers)
+    urls = [found.urls for found in listed]
     owners = {url: i for i in reversed(range(len(urls))) for url in urls[i]}
-    read = _SpecReader(openers, owners, handler, select_files, rename_files)
+    excluded = frozenset(x for found in listed for x in found.excluded)
+    read = _SpecReader(openers, owners, handler, select_files, rename_files, excluded)
     epochs = EpochCounter()
+    if loaded.mode == "samples":
+        return loaded, chosen, SpecSampleEpochs(loaded, urls, _counts(loaded, listed, read),
+                                                seed=chosen, read=read,
+                                                worker_info=worker_info, epochs=epochs)
     if loaded.counted:
         return loaded, chosen, SpecEpochShards(loaded, urls, seed=chosen, read=read,
                                                worker_info=worker_info, epochs=epochs)
@@ -130,17 +180,26 @@ class MultiShardSample(DataPipeline):
     (a weighted spec mixes shards, endlessly; ``WebDataset(spec)`` mixes samples).
 
     webdataset gated this class as obsolete and never read its documented YAML keys; here it
-    reads the same specs as ``WebDataset``. ``seed``: argument > ``WDS_SEED`` > the spec's >
-    random.
+    reads the same specs as ``WebDataset``. A spec without weights reads every shard once per
+    epoch (or ``resample``/``choose`` shards of a source), in webdataset 1.0.2's order:
+    ``set_epoch(n)`` gives what webdataset's ``set_epoch(n)`` gives (``seed + n`` with a
+    seed). ``seed``: argument > ``WDS_SEED`` > the spec's > 0.
     """
 
     def __init__(self, fname: SpecLike, *, seed: int | None = None,
                  storage_options: Mapping[str, Any] | None = None,
-                 allow_pipe: bool = False) -> None:
+                 allow_pipe: bool = False, split: str | None = None) -> None:
         super().__init__()
         settings = Settings.from_env()  # a composition root of its own
-        self.spec = load_spec(fname, environ=settings.environ, allow_pipe=allow_pipe)
-        self.seed = _seed(seed, settings, self.spec)
+        self.spec = load_spec(fname, environ=settings.environ, allow_pipe=allow_pipe,
+                              split=split)
+        if self.spec.mode == "samples":
+            raise ConfigError(f"{self.spec.origin}: MultiShardSample yields shards, but this "
+                              f"{self.spec.dialect} spec counts samples per epoch; read it with "
+                              "WebDataset(spec)")
+        self.seed = seed if seed is not None else (
+            settings.seed if settings.seed is not None else self.spec.seed or 0)
         openers = _openers(self.spec, settings, storage_options or {}, None)
-        self.append(SpecShardMix(self.spec, _listed(self.spec, openers), seed=self.seed,
+        urls = [found.urls for found in _listed(self.spec, openers)]
+        self.append(SpecShardMix(self.spec, urls, seed=self.seed,
                                  worker_info=functools.partial(worker_info, settings)))

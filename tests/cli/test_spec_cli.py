@@ -114,7 +114,9 @@ def test_the_table(capsys: pytest.CaptureFixture[str], tmp_path: Path, local_pat
     code, out, err = _check(capsys, local_path, "--batch-size", "10", "--epoch-batches", "3")
     assert code == 0 and err == ""
     lines = out.splitlines()
-    assert lines[0] == f"spec: {local_path}: 3 sources, weighted mix"
+    assert lines[0] == f"spec: {local_path}: 3 sources, weighted mix (endless)"
+    assert lines[1] == "dialect: webdataset"
+    del lines[1]
     assert lines[1] == "seed: 11 (the spec)"
     assert lines[2].startswith("epoch: 1 rank x 1 worker = 1 slot; 3 batches x 10")
     header = lines[4]
@@ -177,8 +179,8 @@ def test_invalid_spec_exits_1(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert code == 1 and out == "" and "Traceback" not in err
     assert err.startswith("wds-cloud spec check: invalid spec: ")
     assert f"{path}: datasets[0].wieght" in err and "did you mean 'weight'" in err
-    code, _, err = _check(capsys, str(tmp_path / "absent.yaml"))
-    assert code == 1 and "absent.yaml" in err and "cannot read" in err
+    code, _, err = _check(capsys, str(tmp_path / "absent.yaml"))  # missing: as shards are
+    assert code == 2 and "absent.yaml" in err and "cannot read" in err
 
 
 def test_pipe_refused_unless_allowed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -197,13 +199,13 @@ def test_missing_and_unmatched_shards_exit_2(capsys: pytest.CaptureFixture[str],
                                              tmp_path: Path) -> None:
     pattern = _local(tmp_path, "a", 2, 5).replace("001}", "004}")  # 000..004: 3 missing
     path = _write(tmp_path, {"datasets": [
-        {"name": "a", "shards": pattern},
-        {"name": "g", "shards": f"{tmp_path}/nothing-*.tar"}]})
+        {"name": "a", "shards": pattern, "weight": 1},
+        {"name": "g", "shards": f"{tmp_path}/nothing-*.tar", "weight": 1}]})
     code, out, err = _check(capsys, path)
     assert code == 2 and "Traceback" not in err
     assert f"source 'a' ({path}: datasets[0], '{pattern}'): 3 of 5 shards not found: " in err
     assert f"{tmp_path}/a/002.tar" in err and "and 0 more" not in err
-    assert f"source 'g' ({path}: datasets[1], '{tmp_path}/nothing-*.tar'): no shard matches" in err
+    assert f"{path}: datasets[1] ('g'): no shard matches '{tmp_path}/nothing-*.tar'" in err
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("a ", "g "))}
     assert rows["a"].split()[1:4] == ["2", "of", "5"] and "50.00%" in rows["g"]
     code, report = _report(capsys, path)
@@ -228,7 +230,8 @@ def test_counted_spec_shows_shards_per_epoch(capsys: pytest.CaptureFixture[str],
     assert "r: read 3.0 times per epoch" in warnings
     assert "an epoch has 8 shards for 12 slots" in warnings and "nothing to simulate" in warnings
     code, out, _ = _check(capsys, path)
-    assert "counted: per-epoch shard lists" in out and "resample 6" in out and "choose 2" in out
+    assert "per-epoch shard lists (every shard once, or resample/choose)" in out
+    assert "resample 6" in out and "choose 2" in out
 
 
 @pytest.fixture

@@ -63,11 +63,9 @@ CANONICAL = {"prefix": "s3://b/", "datasets": [
 @pytest.mark.parametrize("data", [
     {"prefix": "s3://b/", "dataset": [{"name": "x", "shards": "x-{0..1}.tar", "scaleprob": 2},
                                       {"name": "y", "urls": ["y.tar"], "scale": [0.5, 1]}]},
-    {"prefix": "s3://b/", "blend": [{"name": "x", "path": "x-{0..1}.tar", "weight": 2},
-                                    {"name": "y", "path": ["y.tar"], "scale": [0.5, 1]}]},
-    {"prefix": "s3://b/", "streams": {"x": {"urls": "x-{0..1}.tar", "proportion": 2},
-                                      "y": {"urls": ["y.tar"], "prob": 1,
-                                            "scale": [0.5, 1]}}},
+    {"prefix": "s3://b/", "datasets": {"x": {"path": "x-{0..1}.tar", "prob": 2},
+                                       "y": {"path": ["y.tar"], "proportion": 1,
+                                             "scale": [0.5, 1]}}},
 ])
 def test_aliases_normalize_to_the_canonical_keys(data: dict[str, Any]) -> None:
     """The same sources; only the key paths of messages keep the user's spelling."""

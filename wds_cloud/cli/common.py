@@ -265,14 +265,14 @@ class Inputs:
         return sorted(set(found))
 
     def _spec_shards(self, given: str) -> list[Input]:
-        from ..router import expand_glob
         from ..spec import load_spec
+        from ..specshards import list_source
 
         spec = load_spec(given, environ=self.settings.environ, allow_pipe=True)
         found: list[Input] = []
         for source in spec.sources:
             options = source_options(self.options, spec, source)
-            urls = expand_glob(list(source.urls), router=self.router(options))
+            urls = list_source(spec, source, self.router(options)).urls
             if not urls:
                 raise ConfigError(f"{spec.origin}: {source.key or source.name}: "
                                   f"{source.pattern!r} matches no shards")
@@ -308,7 +308,9 @@ def _is_directory(url: str) -> bool:
 
 
 def _is_spec(given: str) -> bool:
-    return given.endswith((".yaml", ".yml", ".json"))
+    from ..spec.schema import is_spec_path
+
+    return is_spec_path(given)
 
 
 def _scheme(url: str) -> str:

@@ -80,7 +80,13 @@ def add_parser(sub: Any) -> None:
     actions = parser.add_subparsers(dest="spec_command", required=True, metavar="COMMAND")
     p = command_parser(actions, "check", help="validate a spec; per source: shards, bytes, "
                        "shares, per-epoch reads; warnings", description=_CHECK, epilog=None)
-    p.add_argument("file", metavar="FILE", help="the spec: .yaml, .yml or .json")
+    p.add_argument("file", metavar="FILE", help="the spec: .yaml, .yml or .json, or "
+                   "FILE#key.path for a section of a larger config (train.yaml#train_loader."
+                   "dataset)")
+    p.add_argument("--split", metavar="NAME",
+                   help="the split of an Energon metadataset (default train)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse keys read but not used here (e.g. Energon's sample_type)")
     p.add_argument("--world-size", type=_positive, default=1, metavar="R",
                    help="ranks (default 1)")
     p.add_argument("--workers", type=_count, default=1, metavar="W",
@@ -107,11 +113,17 @@ def cmd_spec(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     try:
-        spec = load_spec(args.file, environ=settings.environ, allow_pipe=args.allow_pipe)
+        spec = load_spec(args.file, environ=settings.environ, allow_pipe=args.allow_pipe,
+                         split=args.split, strict=args.strict)
     except (ConfigError, UnsafeURLError) as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):  # the spec file (or one it names)
+            print(f"wds-cloud spec check: {exc}", file=sys.stderr)
+            return UNREACHABLE
         return _invalid(str(exc), hint=isinstance(exc, UnsafeURLError))
     except OSError as exc:  # the file itself
-        return _invalid(f"cannot read {args.file}: {exc.strerror or exc}")
+        print(f"wds-cloud spec check: cannot read {args.file}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return UNREACHABLE
     try:
         cli_options = storage_options(args)
     except ConfigError as exc:
@@ -126,11 +138,15 @@ def cmd_spec(args: argparse.Namespace) -> int:
                                              quiet=args.quiet or args.json)
     rows = rows_of(spec, found, shape, seed)
     warnings = warnings_of(spec, rows, shape)
+    unused = list(dict.fromkeys([*spec.unused, *(note for got in found for note in got.notes)]))
+    if args.strict and unused:
+        invalid += [f"invalid spec: {spec.origin}: {key}: not used here: {why} (--strict)"
+                    for key, why in unused]
     sim = None
     if args.simulate:
-        if spec.counted:
-            warnings.append("--simulate: a counted spec (resample/choose) reads per-epoch "
-                            "shard lists and draws no sources per sample: nothing to simulate")
+        if spec.mode != "mix":
+            warnings.append(f"--simulate: this spec reads per-epoch {spec.mode} and draws "
+                            "no sources by weight: nothing to simulate")
         else:
             sim = simulate(spec, seed=seed, slots=shape.slots, n=args.simulate)
     if args.json:
@@ -140,9 +156,14 @@ def cmd_spec(args: argparse.Namespace) -> int:
                       "slots": shape.slots, "batch_size": shape.batch_size,
                       "epoch_batches": shape.epoch_batches, "samples_per_epoch": shape.samples},
             "sources": rows, "warnings": warnings, "simulation": sim, "errors": invalid + errors,
+            "not_used": [{"key": key, "why": why} for key, why in unused],
         }, indent=2, default=str))
     else:
         _print_report(spec, rows, warnings, sim, shape, seed, seed_from, listed=not args.no_list)
+        if unused:
+            print()
+            for key, why in unused:
+                print(f"not used here: {key}: {why}")
     for message in invalid + errors:
         print(f"wds-cloud spec check: {message}", file=sys.stderr)
     return INVALID if invalid else UNREACHABLE if errors else OK
@@ -201,10 +222,10 @@ def _probe_all(spec: DatasetSpec, settings: Settings, cli_options: dict[str, Any
                 _probe(spec, source, settings, got, steps, listings, cli_options)
             except ConfigError as exc:
                 got.error = str(exc)
-                invalid.append(f"invalid spec: {where}: {exc}")
+                invalid.append(f"invalid spec: {_named(where, spec, exc)}")
             except (WdsCloudError, OSError) as exc:
                 got.error = str(exc)
-                errors.append(f"{where}: {exc}")
+                errors.append(_named(where, spec, exc))
             else:
                 if got.urls is not None and not got.urls:
                     got.error = "no shards found"
@@ -223,24 +244,39 @@ def _probe_all(spec: DatasetSpec, settings: Settings, cli_options: dict[str, Any
 
 
 
+def _named(where: str, spec: DatasetSpec, exc: BaseException) -> str:
+    """The error's text, led by ``where`` unless it names the spec file already."""
+    text = str(exc)
+    return text if text.startswith(spec.origin + ":") else f"{where}: {text}"
+
+
 def _probe(spec: DatasetSpec, source: SourceSpec, settings: Settings, got: Found,
            steps: _Steps, listings: Listings, cli_options: dict[str, Any]) -> None:
     """Fill ``got``: list ``source``'s shards, then count the samples of its smallest."""
     import wds_cloud as wds
 
     from ..listing import shard_sizes
-    from ..router import Router, expand_glob
+    from ..router import Router
+    from ..specdataset import spec_settings
+    from ..specshards import list_source
 
     options = source_options(cli_options, spec, source)
+    settings = spec_settings(spec, settings)
     router = Router(settings, options)
-    urls = expand_glob(list(source.urls), router=router)
+    listed = list_source(spec, source, router)
+    urls = listed.urls
     sizes = shard_sizes(urls, router=router, listings=listings)
     got.sizes = sizes
     got.missing = [u for u in urls if u not in sizes]
     got.urls = [u for u in urls if u in sizes]
+    got.notes = listed.notes
     steps.step(f"listed {source.name}")
     if got.missing or not got.urls:
         steps.step(f"skipped {source.name}")
+        return
+    if listed.counts is not None:  # the prepared dataset says them: no shard read
+        got.samples_known = sum(listed.counts) - len(listed.excluded)
+        steps.step(f"counted {source.name}")
         return
     known = [u for u in got.urls if sizes[u] is not None]
     smallest = min(known, key=lambda u: (sizes[u], u)) if known else got.urls[0]
@@ -255,9 +291,12 @@ def _probe(spec: DatasetSpec, source: SourceSpec, settings: Settings, got: Found
 def _print_report(spec: DatasetSpec, rows: Sequence[dict[str, Any]], warnings: list[str],
                   sim: dict[str, Any] | None, shape: Shape, seed: int, seed_from: str, *,
                   listed: bool) -> None:
-    mode = ("counted: per-epoch shard lists (resample/choose)" if spec.counted
-            else "weighted mix")
+    mode = {"shards": "per-epoch shard lists (every shard once, or resample/choose)",
+            "mix": "weighted mix (endless)",
+            "samples": "samples per source per epoch"}[spec.mode]
+    split = f", split {spec.split!r}" if spec.dialect == "energon" else ""
     print(f"spec: {spec.origin}: {plural(len(spec.sources), 'source')}, {mode}")
+    print(f"dialect: {spec.dialect}{split}")
     print(f"seed: {seed} ({seed_from})")
     where = (f"{plural(shape.world_size, 'rank')} x {plural(max(shape.workers, 1), 'worker')}"
              f" = {plural(shape.slots, 'slot')}")

@@ -4,10 +4,12 @@ found comes in as :class:`Found`.
 
 Estimates, per source (``share``: its expected share, with each ``scale`` at its midpoint):
 
-- samples in the source: the samples of the one shard read (the smallest) scaled by bytes
-  (``count * bytes / smallest``), or by the number of shards where sizes are unknown;
+- samples in the source: as an Energon-prepared dataset's ``.nv-meta`` says them (exact), else
+  the samples of the one shard read (the smallest) scaled by bytes (``count * bytes /
+  smallest``), or by the number of shards where sizes are unknown (``~`` marks an estimate);
 - expected samples per epoch: ``share * world_size * epoch_batches * batch_size`` (a weighted
-  mix), or ``shards per epoch * samples per shard`` (a counted spec: ``resample``/``choose``);
+  mix), ``shards per epoch * samples per shard`` (webdataset's per-epoch shard lists), or the
+  counts of Mosaic's / Energon's rules (a spec of mode ``"samples"``: exact when the sizes are);
 - passes: expected samples per epoch / samples in the source;
 - GET requests per epoch: the shards opened; in a mix every slot (rank x worker) reads its own
   stream of every source, so ``slots * ceil(samples per slot / samples per shard)``;
@@ -45,6 +47,10 @@ class Found:
     shard_read: str | None = None
     samples_read: int | None = None
     error: str | None = None
+    #: samples in the source as the dataset says them (an Energon-prepared ``.nv-meta``)
+    samples_known: int | None = None
+    #: ``(key, why)`` read where the shards are but not used here (``.nv-meta/dataset.yaml``)
+    notes: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,10 @@ def _bytes(found: Found) -> int | None:
 
 
 def _samples(found: Found, nbytes: int | None, shards: int | None) -> int | None:
-    """Samples in the source, estimated from the one shard read."""
+    """Samples in the source: as the dataset says them, else estimated from the one shard
+    read."""
+    if found.samples_known is not None:
+        return found.samples_known
     if found.samples_read is None or found.shard_read is None or not shards:
         return None
     size = found.sizes.get(found.shard_read)
@@ -102,16 +111,40 @@ def _per_epoch(source: SourceSpec, shards: int | None) -> int | None:
     return shards
 
 
+def _per_epoch_rule(source: SourceSpec) -> str:
+    """What a source of a spec of mode "samples" asks for per epoch."""
+    if source.samples is not None:
+        return f"choose {source.samples:,}"
+    if source.repeat is not None:
+        return f"repeat {source.repeat:g}"
+    return "proportion" if source.weight != 1.0 else "all"
+
+
+def _epoch_counts(spec: DatasetSpec, totals: Sequence[int | None],
+                  seed: int) -> list[int] | None:
+    """Samples per epoch of each source of a spec of mode "samples", when all sizes are known
+    (those the run would use exactly; estimates give estimates)."""
+    if spec.mode != "samples" or any(t is None for t in totals):
+        return None
+    from ..spec.quota import epoch_counts
+
+    return epoch_counts(spec, [int(t or 0) for t in totals], seed)
+
+
 def rows_of(spec: DatasetSpec, found: Sequence[Found], shape: Shape,
             seed: int) -> list[dict[str, Any]]:
     """One row (a JSON-able dict) per source; None where a number cannot be known."""
-    bounds = {} if spec.counted else spec.probability_bounds()
-    realized = {} if spec.counted else spec.probabilities(0, seed)
+    mixed = spec.mode == "mix"
+    bounds = spec.probability_bounds() if mixed else {}
+    realized = spec.probabilities(0, seed) if mixed else {}
+    totals = [_samples(got, _bytes(got), _shards(source, got))
+              for source, got in zip(spec.sources, found, strict=True)]
+    counts = _epoch_counts(spec, totals, seed)
     rows = []
-    for source, got in zip(spec.sources, found, strict=True):
+    for i, (source, got) in enumerate(zip(spec.sources, found, strict=True)):
         shards = _shards(source, got)
         nbytes = _bytes(got)
-        samples = _samples(got, nbytes, shards)
+        samples = totals[i]
         per_shard = samples / shards if samples is not None and shards else None
         row: dict[str, Any] = {
             "name": source.name, "key": source.key, "pattern": redact(source.pattern),
@@ -121,9 +154,22 @@ def rows_of(spec: DatasetSpec, found: Sequence[Found], shape: Shape,
             "shard_read": redact(got.shard_read) if got.shard_read else None,
             "samples_in_shard_read": got.samples_read, "samples": samples,
             "samples_per_shard": per_shard, "error": got.error,
+            "samples_known": got.samples_known is not None,
         }
+        if source.subflavors is not None:
+            row["subflavors"] = dict(source.subflavors)
         mean = nbytes / shards if nbytes is not None and shards else None
-        if spec.counted:
+        expected: float | None
+        if spec.mode == "samples":
+            expected = counts[i] if counts is not None else None
+            row["probability"] = (
+                {"min": None, "expected": counts[i] / sum(counts), "max": None,
+                 "epoch0": counts[i] / sum(counts)} if counts and sum(counts) else None)
+            row["shards_per_epoch"] = None
+            row["per_epoch"] = _per_epoch_rule(source)
+            gets = (math.ceil(expected / per_shard) + shape.slots
+                    if expected is not None and per_shard else None)
+        elif spec.counted:
             per_epoch = _per_epoch(source, shards)
             row["probability"] = None
             row["shards_per_epoch"] = per_epoch
@@ -160,7 +206,7 @@ def warnings_of(spec: DatasetSpec, rows: Sequence[dict[str, Any]], shape: Shape)
             out.append(f"{name}: read {row['passes']:.1f} times per epoch (about "
                        f"{row['expected_samples']:,.0f} samples expected from about "
                        f"{row['samples']:,} in the source): its samples repeat within an epoch")
-        if not spec.counted and row["shards"] is not None and 0 < row["shards"] < shape.slots:
+        if spec.mode == "mix" and row["shards"] is not None and 0 < row["shards"] < shape.slots:
             out.append(f"{name}: {plural(row['shards'], 'shard')} for {slots}: every slot "
                        "reads every source, so slots read the same shards at the same time; "
                        "split the source into more shards")
@@ -237,7 +283,9 @@ def table_lines(spec: DatasetSpec, rows: Sequence[dict[str, Any]]) -> list[str]:
                 _count(row["gets"]) if row["gets"] is not None else "-",
                 _size(row["bytes_read"]) if row["bytes_read"] is not None else "-"]
 
-    first = ["source", "shards", "size", "samples~"]
+    exact = all(row["samples_known"] for row in rows)  # else "~": estimated
+    first = ["source", "shards", "size", "samples" if exact else "samples~"]
+    with_flavors = any(s.subflavors for s in spec.sources)
     last = ["samples/epoch", "passes", "GETs", "read/epoch", "pattern"]
     body = []
     for row in rows:
@@ -245,7 +293,10 @@ def table_lines(spec: DatasetSpec, rows: Sequence[dict[str, Any]]) -> list[str]:
         if row["missing"]:
             shards += f" of {row['shards'] + len(row['missing'])}"
         cells = [row["name"], shards, _size(row["bytes"]), _count(row["samples"])]
-        if spec.counted:
+        if spec.mode == "samples":
+            p = row["probability"]
+            cells += [row["per_epoch"], _pct(p["expected"]) if p else "?"]
+        elif spec.counted:
             source = next(s for s in spec.sources if s.name == row["name"])
             mode = (f"resample {source.resample}" if source.resample is not None else
                     f"choose {source.choose}" if source.choose is not None else "all")
@@ -255,10 +306,14 @@ def table_lines(spec: DatasetSpec, rows: Sequence[dict[str, Any]]) -> list[str]:
             cells += [f"{row['weight']:g}", _scale(row["scale"]),
                       f"{_pct(p['min'])} / {_pct(p['expected'])} / {_pct(p['max'])}",
                       _pct(p["epoch0"])]
-        body.append(cells + per_epoch(row) + [row["pattern"]])
-    middle = (["mode", "shards/epoch"] if spec.counted else
+        flavors = row.get("subflavors")
+        extra = ([", ".join(f"{k}={v}" for k, v in flavors.items()) if flavors else "-"]
+                 if with_flavors else [])
+        body.append(cells + per_epoch(row) + extra + [row["pattern"]])
+    middle = (["per epoch", "share"] if spec.mode == "samples" else
+              ["mode", "shards/epoch"] if spec.counted else
               ["weight", "scale", "share min / expected / max", "epoch 0"])
-    header = first + middle + last
+    header = first + middle + last[:-1] + (["subflavors"] if with_flavors else []) + last[-1:]
     return _table(header, body, left={0, len(header) - 1})
 
 

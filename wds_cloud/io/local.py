@@ -61,10 +61,10 @@ class LocalOpener:
         """Local paths (or ``file:`` URLs, as given) matching ``pattern``."""
         scheme, rest = split_scheme(pattern)
         if not scheme:
-            return sorted(globmod.glob(pattern))
+            return sorted(globmod.glob(pattern, recursive=True))
         prefix = "file://" if rest.startswith("//") else "file:"
         path = file_url_path(rest)
-        return sorted(prefix + found for found in globmod.glob(path))
+        return sorted(prefix + found for found in globmod.glob(path, recursive=True))
 
 
 class _AtomicFile(io.BufferedWriter):

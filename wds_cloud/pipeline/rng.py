@@ -26,7 +26,7 @@ from .shards import derive_seed
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MIX", "SCALE", "SHARDS", "SHUFFLE", "KeyedRandom"]
+__all__ = ["MIX", "SCALE", "SHARDS", "SHUFFLE", "KeyedRandom", "PythonRandom"]
 
 #: purposes: what a stream is for (with a source index where there are several)
 MIX, SHARDS, SCALE, SHUFFLE = 1, 2, 3, 4
@@ -138,3 +138,51 @@ class KeyedRandom:
 
     def __repr__(self) -> str:
         return f"KeyedRandom{self.key} after {self.draws} draws"
+
+
+class PythonRandom:
+    """The draws of Python's ``random.Random(seed)`` that webdataset 1.0.2's shard lists make
+    (``shuffle``, ``choices``), so that a spec read with webdataset's meaning gives webdataset's
+    order for the same seed.
+
+    Only the Mersenne Twister's raw 32-bit words come from :mod:`random` (``getrandbits(32)``,
+    stable across Python versions); the mapping to bounded ints, floats, shuffles and choices is
+    CPython's algorithm written out here, so that a change in :mod:`random`'s distribution code
+    cannot change a stream. Golden values against webdataset in the tests pin it.
+    """
+
+    def __init__(self, seed: int) -> None:
+        import random
+
+        self.seed = seed
+        self._mt = random.Random(seed)
+
+    def _word(self) -> int:
+        return self._mt.getrandbits(32)
+
+    def below(self, n: int) -> int:
+        """An int in [0, n): CPython's ``_randbelow_with_getrandbits``."""
+        k = n.bit_length()
+        while True:
+            r = self._word() >> (32 - k) if k <= 32 else self._mt.getrandbits(k)
+            if r < n:
+                return r
+
+    def random(self) -> float:
+        """A float in [0, 1): CPython's ``genrand_res53`` from two words."""
+        a, b = self._word() >> 5, self._word() >> 6
+        return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0)
+
+    def shuffle(self, items: MutableSequence[T]) -> None:
+        """``random.shuffle``: Fisher-Yates from the end."""
+        for i in range(len(items) - 1, 0, -1):
+            j = self.below(i + 1)
+            items[i], items[j] = items[j], items[i]
+
+    def choices(self, items: Sequence[T], k: int) -> list[T]:
+        """``random.choices(items, k=k)`` (no weights): ``k`` items with replacement."""
+        n = float(len(items))
+        return [items[int(self.random() * n)] for _ in range(k)]
+
+    def __repr__(self) -> str:
+        return f"PythonRandom({self.seed})"

@@ -10,9 +10,10 @@ dry; the source of each output sample is drawn from ``spec.probabilities(epoch, 
 ``KeyedRandom(seed, epoch, slot, MIX)``. Samples carry ``__source__``. The stream of a slot is
 a pure function of (seed, epoch, rank, worker, num_workers), and of the shards' contents.
 
-**Counted specs** (webdataset's ``resample: k`` / ``choose: n``): :func:`epoch_shards` lists an
-epoch's shards, the same on every rank (``KeyedRandom(seed, epoch, -1, ...)``): per source ``k``
-drawn with replacement, ``n`` without, or all of them; then shuffled together.
+**Per-epoch shard lists** (mode ``"shards"``: webdataset's ``resample: k`` / ``choose: n``, or
+every shard once): :func:`epoch_shards` lists an epoch's shards, the same on every rank, in
+webdataset 1.0.2's order for the seed ``seed + epoch``: per source ``k`` drawn with replacement,
+``n`` without, or all of them; then shuffled together.
 :class:`SpecEpochShards` deals that list to the slots; :class:`SpecShardMix` is webdataset's
 ``MultiShardSample`` (the whole list, or for a weighted spec an endless shard-level mix, left to
 the pipeline's splitters).
@@ -34,7 +35,7 @@ from ..errors import ConfigError
 from ..pipeline.core import PipelineStage
 from ..pipeline.epochs import EpochCounter
 from ..pipeline.filters import buffer_shuffle, check_bufsize
-from ..pipeline.rng import MIX, SHARDS, SHUFFLE, KeyedRandom
+from ..pipeline.rng import MIX, SHARDS, SHUFFLE, KeyedRandom, PythonRandom
 from ..pipeline.shards import WorkerInfoSource, resolve_worker_info
 from ..pipeline.state import Ref, ResumableShuffle, ResumeBook, refetch, track_shards
 from ..tar.shardloop import ShardCursor
@@ -134,9 +135,9 @@ class SpecMix(_SpecSource):
     def __init__(self, spec: DatasetSpec, urls: Sequence[Sequence[str]], *, seed: int,
                  read: Reader, worker_info: WorkerInfoSource = None,
                  epochs: EpochCounter | None = None) -> None:
-        if spec.counted:
-            raise ConfigError(f"{spec.origin}: resample/choose specs are read as per-epoch "
-                              "shard lists (SpecEpochShards), not mixed by weight")
+        if spec.mode != "mix":
+            raise ConfigError(f"{spec.origin}: a spec of mode {spec.mode!r} is not mixed by "
+                              "weight (SpecEpochShards, SpecSampleEpochs read it)")
         super().__init__(spec, urls, seed=seed, worker_info=worker_info, epochs=epochs)
         self.read = read
 
@@ -165,6 +166,7 @@ class SpecMix(_SpecSource):
         takes: list[Callable[[], Sample] | None] = [None] * n  # each source's __next__
         cursors = [ShardCursor() for _ in range(n)]
         names = [source.name for source in self.spec.sources]
+        flavors = [source.subflavors for source in self.spec.sources]
         filtered = any(source.extensions is not None for source in self.spec.sources)
         rng = KeyedRandom(self.seed, epoch, slot, MIX)
         book = self.book
@@ -196,6 +198,8 @@ class SpecMix(_SpecSource):
                     if filtered:
                         sample = keep_extensions(sample, self.spec.sources[i].extensions)
                     sample["__source__"] = names[i]
+                    if flavors[i] is not None:
+                        sample["__subflavors__"] = flavors[i]
                     drawn[0] += 1
                     drawn[1] = i
                     yield sample
@@ -225,6 +229,8 @@ class SpecMix(_SpecSource):
             source = self.spec.sources[ref[0]]
             sample = keep_extensions(sample, source.extensions)
             sample["__source__"] = source.name
+            if source.subflavors is not None:
+                sample["__subflavors__"] = source.subflavors
             out.append(sample)
         return out
 
@@ -274,24 +280,27 @@ class _SourceStream:
 
 def epoch_shards(spec: DatasetSpec, urls: Sequence[Sequence[str]], *, seed: int,
                  epoch: int) -> list[tuple[str, int]]:
-    """The shards of ``epoch`` of a counted spec, as ``(url, source index)``, the same on every
-    rank and worker: per source ``resample`` drawn with replacement, ``choose`` without, or
-    all; then shuffled together (webdataset's ``MultiShardSample``, with keyed draws)."""
+    """The shards of ``epoch`` of a spec of mode ``"shards"``, as ``(url, source index)``, the
+    same on every rank and worker, in webdataset 1.0.2's order for ``MultiShardSample`` whose
+    ``set_epoch(seed + epoch)`` was called: per source ``resample`` drawn with replacement,
+    ``choose`` without, or all of them; then shuffled together (:class:`PythonRandom`)."""
+    rng = PythonRandom(seed + epoch)
     items: list[tuple[str, int]] = []
     for i, (source, found) in enumerate(zip(spec.sources, urls, strict=True)):
-        rng = KeyedRandom(seed, epoch, -1, SHARDS, i)
         if source.resample is not None:
-            picked = [found[rng.below(len(found))] for _ in range(source.resample)]
+            picked = rng.choices(list(found), source.resample)
         elif source.choose is not None:
             if source.choose > len(found):
                 raise ConfigError(
                     f"{spec.origin}: {source.key}.choose: {source.choose} shards asked for, "
                     f"but {source.pattern!r} has {len(found)}")
-            picked = rng.sample(found, source.choose)
+            picked = list(found)
+            rng.shuffle(picked)
+            picked = picked[:source.choose]
         else:
             picked = list(found)
         items += [(url, i) for url in picked]
-    KeyedRandom(seed, epoch, -1, SHUFFLE).shuffle(items)
+    rng.shuffle(items)
     return items
 
 
@@ -325,6 +334,8 @@ class SpecEpochShards(_SpecSource):
             source = self.spec.sources[i]
             sample = keep_extensions(sample, source.extensions)
             sample["__source__"] = source.name
+            if source.subflavors is not None:
+                sample["__subflavors__"] = source.subflavors
             yield sample
 
 

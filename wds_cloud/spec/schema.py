@@ -17,11 +17,13 @@ are listed later, by the composition root). The format (README, "Dataset specs")
         resample: 10                # webdataset: 10 shards with replacement per epoch
         choose: 5                   # webdataset: 5 shards without replacement per epoch
 
-Aliases, normalized at load (:data:`ALIASES`): ``dataset``, ``blend`` (Megatron-Energon),
-``streams`` (Mosaic; a list, or a map of name to source) for ``datasets``; ``scaleprob``
-(webdataset's docs), ``prob``, ``proportion`` (Mosaic) for ``weight``; ``urls``, ``path`` for
+That is webdataset's dialect (:mod:`.parse`); Megatron-Energon's metadatasets (:mod:`.energon`)
+and Mosaic's / llm-foundry's ``streams:`` (:mod:`.mosaic`) are read into the same schema.
+Aliases in webdataset's dialect (:data:`ALIASES`): ``dataset`` for ``datasets``; ``scaleprob``
+(webdataset's docs), ``prob``, ``proportion`` for ``weight``; ``urls``, ``path`` for
 ``shards``; webdataset's ``buckets`` (top level or per source, one bucket) is joined between
-the prefix and the pattern. ``${VAR}`` in string values comes from ``environ``.
+the prefix and the pattern. ``${VAR}`` in string values comes from ``environ``; a file may be
+a section of a larger config (``train.yaml#train_loader.dataset``, :mod:`.files`).
 
 Every error is a :class:`~wds_cloud.errors.SpecError` whose message starts with the file
 and the key path (``config/x.yaml: datasets[2].scale: ...``); ``pipe:`` shards are refused
@@ -31,23 +33,21 @@ with :class:`~wds_cloud.errors.UnsafeURLError` unless ``allow_pipe``.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import braceexpand
 
 from ..errors import SpecError, UnsafeURLError
 
-__all__ = ["ALIASES", "DatasetSpec", "SourceSpec", "load_spec"]
+__all__ = ["ALIASES", "DatasetSpec", "SourceSpec", "is_spec_path", "load_spec"]
 
 #: alias -> canonical key, at the top level and in a source
 ALIASES = {
-    "top": {"dataset": "datasets", "blend": "datasets", "streams": "datasets"},
+    "top": {"dataset": "datasets"},
     "source": {"scaleprob": "weight", "prob": "weight", "proportion": "weight",
                "urls": "shards", "path": "shards"},
 }
@@ -56,6 +56,8 @@ SOURCE_KEYS = ("name", "shards", "weight", "scale", "extensions", "storage_optio
                "resample", "choose", "buckets")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _GLOB = re.compile(r"[*?\[]")
+#: names that are shards (or sample files) rather than directories
+_SHARD_NAME = re.compile(r"\.(tar|tgz|tar\.gz|tar\.bz2|tar\.xz|tar\.zst|cbor|msgpack|mp)$|[?]")
 _ABSOLUTE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:|/|-$)")
 
 
@@ -74,11 +76,39 @@ class SourceSpec:
     resample: int | None = None
     choose: int | None = None
     key: str = ""
+    #: samples per epoch as a multiple of the source's samples (Mosaic's ``repeat``, Energon's
+    #: ``repetitions``), in a spec of mode ``"samples"``
+    repeat: float | None = None
+    #: samples per epoch, absolute (Mosaic's ``choose``), in a spec of mode ``"samples"``
+    samples: int | None = None
+    #: carried into each sample as ``__subflavors__`` (Energon)
+    subflavors: Mapping[str, Any] | None = None
+    #: the split of an Energon-prepared directory (``.nv-meta/split.yaml``) to read
+    split_part: str | None = None
+    #: the split file in ``.nv-meta/`` (Energon's ``split_config``; default ``split.yaml``)
+    split_config: str | None = None
+    #: this source's shard cache directory (Mosaic's ``local``)
+    cache_dir: str | None = None
+    #: the keys as the user wrote them, canonical -> spelled (for messages)
+    spelled: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def has_glob(self) -> bool:
         """Whether some shard entry is a glob, listed when the dataset is built."""
         return any(_GLOB.search(u) for u in self.urls)
+
+    @property
+    def is_directory(self) -> bool:
+        """Whether the source names a directory or prefix (one entry, neither a glob nor a
+        shard file): its shards are found when the dataset is built, from ``.nv-meta/`` if
+        it has one (Energon), else every ``*.tar``/``*.tgz`` under it."""
+        return (len(self.urls) == 1 and not self.has_glob
+                and not self.urls[0].startswith("pipe:") and self.urls[0] != "-"
+                and not _SHARD_NAME.search(self.urls[0]))
+
+    def spelling(self, key: str) -> str:
+        """``key`` as the user wrote it (``scaleprob`` for ``weight``)."""
+        return self.spelled.get(key, key)
 
 
 @dataclass(frozen=True)
@@ -91,51 +121,59 @@ class DatasetSpec:
     seed: int | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     origin: str = "<dict>"
+    #: how an epoch is made: ``"mix"`` (an endless mix of samples by weight), ``"shards"``
+    #: (webdataset's per-epoch shard lists: every shard once, or ``resample``/``choose``),
+    #: ``"samples"`` (a count of samples per source per epoch: Mosaic, Energon's
+    #: ``blend_epochized``)
+    mode: str = "mix"
+    #: the format the file was read as: ``"webdataset"``, ``"energon"`` or ``"mosaic"``
+    dialect: str = "webdataset"
+    #: the split read (Energon's ``splits:``)
+    split: str = "train"
+    #: samples per epoch over all sources (Mosaic's ``epoch_size``), for ``proportion``
+    epoch_size: int | None = None
+    #: in mode ``"samples"`` with no weights given: streams share ``epoch_size`` by size
+    size_weighted: bool = False
+    #: whether shards are permuted each epoch (Mosaic's ``shuffle: false`` keeps their order)
+    shuffle: bool = True
+    #: settings the spec gives (``retries``, ``timeout``, ``cache_size``), from its own keys
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    #: keys read but not used here, as ``(key path as written, why)``
+    unused: tuple[tuple[str, str], ...] = ()
 
     @property
     def counted(self) -> bool:
-        """Whether sources give shard counts per epoch (``resample``/``choose``, webdataset's
-        ``MultiShardSample``) rather than weights of a mix."""
-        return any(s.resample is not None or s.choose is not None for s in self.sources)
+        """Whether the epochs are webdataset's per-epoch shard lists (``resample``/``choose``,
+        or every shard once), rather than a mix by weight or counts of samples."""
+        return self.mode == "shards"
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
-                  allow_pipe: bool = False) -> DatasetSpec:
-        """Load a YAML spec file."""
-        import yaml
-
-        text = _read(path)
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            raise SpecError(f"{os.fspath(path)}: not valid YAML{where}: "
-                            f"{getattr(exc, 'problem', None) or exc}") from exc
-        return cls.from_dict(data, origin=os.fspath(path), environ=environ,
-                             allow_pipe=allow_pipe)
+                  allow_pipe: bool = False, split: str | None = None,
+                  strict: bool = False) -> DatasetSpec:
+        """Load a YAML spec file (``FILE`` or ``FILE#key.path``: see :func:`load_spec`)."""
+        return _load_file(path, environ, allow_pipe, split, strict)
 
     @classmethod
     def from_json(cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
-                  allow_pipe: bool = False) -> DatasetSpec:
-        """Load a JSON spec file."""
-        try:
-            data = json.loads(_read(path))
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"{os.fspath(path)}: not valid JSON (line {exc.lineno}, column "
-                            f"{exc.colno}): {exc.msg}") from exc
-        return cls.from_dict(data, origin=os.fspath(path), environ=environ,
-                             allow_pipe=allow_pipe)
+                  allow_pipe: bool = False, split: str | None = None,
+                  strict: bool = False) -> DatasetSpec:
+        """Load a JSON spec file (``FILE`` or ``FILE#key.path``)."""
+        return _load_file(path, environ, allow_pipe, split, strict)
 
     @classmethod
     def from_dict(cls, data: Any, *, origin: str = "<dict>",
-                  environ: Mapping[str, str] | None = None,
-                  allow_pipe: bool = False) -> DatasetSpec:
-        """Validate a spec given as a dict (as YAML or JSON would load it)."""
+                  environ: Mapping[str, str] | None = None, allow_pipe: bool = False,
+                  split: str | None = None, strict: bool = False,
+                  base: str | os.PathLike[str] | None = None) -> DatasetSpec:
+        """Validate a spec given as a dict (as YAML or JSON would load it); relative paths of
+        Energon's and Mosaic's sources are taken from ``base`` (default: the working
+        directory)."""
         from .parse import parse
 
-        return parse(data, origin=origin, environ=environ, allow_pipe=allow_pipe)
+        return parse(data, origin=origin, environ=environ, allow_pipe=allow_pipe, split=split,
+                     strict=strict, base=os.fspath(base) if base is not None else None)
 
     # ------------------------------------------------------------------ shares
     def scale_factors(self, epoch: int, seed: int) -> tuple[float, ...]:
@@ -186,11 +224,24 @@ class DatasetSpec:
                 entry["extensions"] = list(s.extensions)
             if s.storage_options:
                 entry["storage_options"] = {k: sorted(v) for k, v in s.storage_options.items()}
-            for name in ("resample", "choose"):
+            for name in ("resample", "choose", "repeat", "samples", "subflavors", "split_part",
+                         "cache_dir"):
                 if getattr(s, name) is not None:
                     entry[name] = getattr(s, name)
             sources.append(entry)
-        return {"origin": self.origin, "seed": self.seed, "datasets": sources}
+        out: dict[str, Any] = {"origin": self.origin, "dialect": self.dialect,
+                               "mode": self.mode, "seed": self.seed, "datasets": sources}
+        if self.dialect == "energon":
+            out["split"] = self.split
+        if self.epoch_size is not None:
+            out["epoch_size"] = self.epoch_size
+        if not self.shuffle:
+            out["shuffle"] = False
+        if self.settings:
+            out["settings"] = dict(self.settings)
+        if self.unused:
+            out["unused"] = [{"key": key, "why": why} for key, why in self.unused]
+        return out
 
     def to_pipeline(self, **kw: Any) -> Any:
         """``WebDataset(self, **kw)``: the mix as a pipeline to add stages to."""
@@ -199,29 +250,51 @@ class DatasetSpec:
         return WebDataset(self, **kw)
 
 
-def _read(path: str | os.PathLike[str]) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"{os.fspath(path)}: cannot read the spec: "
-                        f"{exc.strerror or exc}") from exc
+def _load_file(path: str | os.PathLike[str], environ: Mapping[str, str] | None,
+               allow_pipe: bool, split: str | None, strict: bool) -> DatasetSpec:
+    from .files import read_document
+    from .parse import parse
+
+    if environ is None:
+        from ..settings import Settings
+
+        environ = Settings.from_env().environ
+    doc = read_document(path, environ)
+    return parse(doc.data, origin=doc.origin, environ=environ, allow_pipe=allow_pipe,
+                 split=split, strict=strict, base=os.path.dirname(doc.path) or ".")
+
+
+def is_spec_path(spec: object) -> bool:
+    """Whether ``spec`` names a spec file: ``.yaml``/``.yml``/``.json``, optionally followed
+    by ``#key.path`` (a section of a larger config)."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str):
+        return False
+    from .files import split_section
+
+    return split_section(spec)[0].endswith((".yaml", ".yml", ".json"))
 
 
 def load_spec(spec: Any, *, environ: Mapping[str, str] | None = None,
-              allow_pipe: bool = False) -> DatasetSpec:
-    """A :class:`DatasetSpec` from a ``.yaml``/``.yml``/``.json`` path, a dict, or a spec."""
+              allow_pipe: bool = False, split: str | None = None,
+              strict: bool = False) -> DatasetSpec:
+    """A :class:`DatasetSpec` from a ``.yaml``/``.yml``/``.json`` path (``FILE#key.path`` names
+    a section of a larger config, e.g. ``train.yaml#train_loader.dataset``), a dict, or a spec.
+
+    The dialect is the file's: webdataset's ``datasets:``, Megatron-Energon's metadatasets
+    (``__module__: megatron.energon``, ``splits:``; ``split`` picks one, default ``train``),
+    Mosaic's / llm-foundry's ``streams:``. ``strict``: keys read but not used here (e.g.
+    Energon's ``sample_type``) are errors instead of notes in :attr:`DatasetSpec.unused`."""
     if isinstance(spec, DatasetSpec):
         return spec
     if isinstance(spec, Mapping):
-        return DatasetSpec.from_dict(spec, environ=environ, allow_pipe=allow_pipe)
-    if isinstance(spec, (str, os.PathLike)):
-        path = os.fspath(spec)
-        if path.endswith(".json"):
-            return DatasetSpec.from_json(path, environ=environ, allow_pipe=allow_pipe)
-        if path.endswith((".yaml", ".yml")):
-            return DatasetSpec.from_yaml(path, environ=environ, allow_pipe=allow_pipe)
-    raise SpecError(f"cannot load a dataset spec from {spec!r}: give a .yaml/.yml/.json path, "
-                    "a dict or a DatasetSpec")
+        return DatasetSpec.from_dict(spec, environ=environ, allow_pipe=allow_pipe, split=split,
+                                     strict=strict)
+    if is_spec_path(spec):
+        return _load_file(spec, environ, allow_pipe, split, strict)
+    raise SpecError(f"cannot load a dataset spec from {spec!r}: give a .yaml/.yml/.json path "
+                    "(FILE#key.path for a section of a larger config), a dict or a DatasetSpec")
 
 
 def close_key(key: str, known: tuple[str, ...], aliases: Mapping[str, str]) -> str:

@@ -1,0 +1,314 @@
+"""Megatron-Energon metadatasets as Energon's docs and tests write them (the ``__module__`` /
+``__class__`` wrapper, ``splits:``, ``blend:``, ``blend_epochized:``, nested metadatasets,
+``subflavors``, ``split_part``), over Energon-prepared datasets (``.nv-meta/``) on a local
+directory and on the local S3 server: the shares and per-epoch counts they ask for, with
+DataLoader workers and two ranks, and every bad input named by file and key."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from dialects import local_put, prepare, slots_read
+from stores.base import Store
+
+import wds_cloud as wds
+from wds_cloud.cli import main
+from wds_cloud.errors import ShardNotFoundError, SpecError
+from wds_cloud.spec import load_spec
+
+
+class Checked:
+    """What ``wds-cloud spec check ARGS`` returned and printed (run in this process)."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], *args: str) -> None:
+        self.returncode = main(["-q", "spec", "check", *args])
+        self.stdout, self.stderr = capsys.readouterr()
+
+
+@pytest.fixture
+def s3_datasets(store_factory: Callable[[str], Store]) -> Store:
+    """coco, coyo and other, Energon-prepared, in a bucket of the local S3 server."""
+    store = store_factory("s3")
+    for name in ("coco", "coyo", "other"):
+        prepare(store.put, name, name, shards=10, per_shard=20)
+    return store
+
+
+def test_nested_metadatasets_blend_by_weight_with_subflavors_on_s3(
+        s3_datasets: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The docs' three-way blend (5/2/1), nested inside another metadataset (weight 4, with
+    subflavors that override the inner ones) next to the inner file's val split: the shares
+    multiply through the nesting, read by 2 ranks x 2 workers."""
+    url = s3_datasets.url
+    (tmp_path / "inner.yaml").write_text(f"""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  # Split defines the train/val/test subsets composition
+  train:
+    # Mix the following datasets
+    blend:
+      - weight: 5
+        path: {url('coco')}
+        subflavors:
+          augmentation_type: small_images
+          text_length: short
+      - weight: 2
+        path: {url('coyo')}
+        subflavors:
+          augmentation_type: large_images
+      - weight: 1
+        path: {url('other')}
+  val:
+    # Only use coco-val for val
+    path: {url('coco')}
+""")
+    (tmp_path / "outer.yaml").write_text("""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - weight: 4
+        path: ./inner.yaml
+        split_part: train
+        subflavors:
+          source: outer.yaml
+          text_length: long
+      - path: ./inner.yaml
+        split_part: val
+        subflavors:
+          source: outer.yaml
+""")
+    options = s3_datasets.storage_options
+    ranks = slots_read(lambda: wds.WebDataset(str(tmp_path / "outer.yaml"), seed=7,
+                                              storage_options=options),
+                       monkeypatch, ranks=2, workers=2, limit=6000)
+    samples = [s for rank in ranks for s in rank]
+    shares = Counter(s["__source__"] for s in samples)
+    expected = {"coco": 0.8 * 5 / 8, "coyo": 0.8 * 2 / 8, "other": 0.8 / 8, "coco-val": 0.2}
+    for name, share in expected.items():
+        assert shares[name] / len(samples) == pytest.approx(share, abs=0.02), (name, shares)
+    flavors = {s["__source__"]: s["__subflavors__"] for s in samples}
+    assert flavors["coco"] == {"augmentation_type": "small_images", "text_length": "long",
+                               "source": "outer.yaml"}
+    assert flavors["coyo"] == {"augmentation_type": "large_images", "source": "outer.yaml",
+                               "text_length": "long"}
+    assert flavors["coco-val"] == {"source": "outer.yaml"}
+    parts = yaml.safe_load(s3_datasets.get("coco/.nv-meta/split.yaml") or b"")["split_parts"]
+    for s in samples:  # each sample from its split's shards only
+        split = "val" if s["__source__"] == "coco-val" else "train"
+        if s["__source__"].startswith("coco"):
+            assert s["__url__"].split("coco/", 1)[1] in parts[split]
+    assert ranks[0][:50] != ranks[1][:50]
+
+
+def test_blend_epochized_reads_each_sample_its_repetitions_per_epoch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Repetitions 2, 0.5 and 1 (coyo's val split): over 2 ranks x 2 workers, every train
+    sample of coco twice, half of coyo's once, coyo's val once; equal totals per rank, and
+    the next epoch the same counts in another order."""
+    put = local_put(tmp_path)
+    prepare(put, "coco", "coco", shards=5, per_shard=12)
+    prepare(put, "coyo", "coyo", shards=5, per_shard=12)
+    (tmp_path / "metadataset.yaml").write_text("""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    # Blend the following datasets, repeating coco 2 times, coyo-train 0.5 times and
+    # coyo-val 1 time
+    blend_epochized:
+      - repetitions: 2
+        path: ./coco
+      - repetitions: 0.5
+        path: ./coyo
+      - repetitions: 1
+        path: ./coyo
+        split_part: val
+""")
+    def make() -> wds.WebDataset:
+        return wds.WebDataset(str(tmp_path / "metadataset.yaml"), seed=3)
+
+    assert len(make().pipeline[0]) == 2 * 48 + 24 + 12
+    read = slots_read(make, monkeypatch, ranks=2, workers=2, epochs=2)
+    epochs = []
+    for epoch in range(2):
+        ranks = read[2 * epoch:2 * epoch + 2]
+        assert abs(len(ranks[0]) - len(ranks[1])) <= 1
+        epochs.append([s for rank in ranks for s in rank])
+    for samples in epochs:
+        per_key = Counter((s["__source__"], s["__key__"]) for s in samples)
+        coco = [n for (src, _), n in per_key.items() if src == "coco"]
+        assert len(coco) == 48 and set(coco) == {2}
+        coyo = [n for (src, _), n in per_key.items() if src == "coyo"]
+        assert len(coyo) == 24 and set(coyo) == {1}
+        val = [k for (src, k) in per_key if src == "coyo-val"]
+        assert len(val) == 12 and all(k.startswith("coyo-04-") for k in val)
+    assert [s["__key__"] for s in epochs[0]] != [s["__key__"] for s in epochs[1]]
+
+
+def test_other_splits_read_every_sample_once(tmp_path: Path) -> None:
+    """Energon's validation mode: a blend is concatenated, its weights ignored."""
+    put = local_put(tmp_path)
+    prepare(put, "coco", "coco", shards=5, per_shard=6)
+    prepare(put, "coyo", "coyo", shards=5, per_shard=6)
+    (tmp_path / "mds.yaml").write_text(yaml.safe_dump({
+        "__module__": "megatron.energon", "__class__": "MetadatasetV2",
+        "splits": {"train": {"path": "./coco"},
+                   "val": {"blend": [{"weight": 9, "path": "./coco"},
+                                     {"weight": 1, "path": "./coyo"}]}}}))
+    got = list(wds.WebDataset(str(tmp_path / "mds.yaml"), split="val"))
+    assert Counter(s["__source__"] for s in got) == {"coco": 6, "coyo": 6}
+    assert len({s["__key__"] for s in got}) == 12
+
+
+def test_the_older_metadataset_class_and_legacy_subflavor(tmp_path: Path) -> None:
+    """``__class__: Metadataset`` (Energon before V2): ``splits.train.datasets``, and the
+    legacy ``subflavor`` carried as ``__subflavor__``."""
+    put = local_put(tmp_path)
+    prepare(put, "ds1", "ds1", shards=2, per_shard=5)
+    prepare(put, "ds2", "ds2", shards=2, per_shard=5)
+    (tmp_path / "metadataset.yaml").write_text("""\
+__module__: megatron.energon
+__class__: Metadataset
+splits:
+  train:
+    datasets:
+      - weight: 1
+        path: ds1
+        subflavor: ds1
+        subflavors:
+          source: metadataset.yaml
+          number: 43
+      - weight: 3
+        path: ds2
+        subflavor: ds2
+""")
+    spec = load_spec(tmp_path / "metadataset.yaml")
+    assert spec.dialect == "energon" and spec.mode == "mix"
+    assert [s.weight for s in spec.sources] == [0.25, 0.75]
+    assert spec.sources[0].subflavors == {"__subflavor__": "ds1", "source": "metadataset.yaml",
+                                          "number": 43}
+
+
+def test_a_prepared_directory_and_a_plain_one_as_webdataset_sources(tmp_path: Path) -> None:
+    """A ``datasets:`` source may name an Energon-prepared directory (its train split from
+    .nv-meta) or a plain directory (every .tar under it, sorted); neither is a clear error."""
+    put = local_put(tmp_path)
+    prepare(put, "prepared", "p", shards=5, per_shard=4, exclude=["parts/data-1.tar",
+                                                                   "parts/data-2.tar/p-02-0003"])
+    put_plain = local_put(tmp_path / "plain")
+    for s in range(3):
+        from dialects import shard_bytes
+        put_plain(f"sub/x-{s}.tar", shard_bytes([(f"x{s}-{i}", {"txt": b"x"})
+                                                 for i in range(2)]))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("nothing")
+    spec = {"datasets": [{"name": "p", "shards": str(tmp_path / "prepared")},
+                         {"name": "x", "shards": str(tmp_path / "plain")}]}
+    got = list(wds.WebDataset(spec, seed=1))
+    keys = Counter(s["__source__"] for s in got)
+    assert keys == {"p": 3 * 4 - 1, "x": 6}  # train: shards 0-3, less shard 1 and one key
+    assert "p-02-0003" not in {s["__key__"] for s in got}
+    with pytest.raises(ShardNotFoundError, match=r"datasets\[0\] \('e'\): .*empty' has no "
+                       r"\.nv-meta/ \(an Energon-prepared dataset\) and no \*\.tar"):
+        list(wds.WebDataset({"datasets": [{"name": "e", "shards": str(tmp_path / "empty")}]}))
+
+
+BAD = {
+    "missing split part": ("""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - weight: 1
+        path: ./coco
+        split_part: tain
+""", r"mds\.yaml: splits\.train\.blend\[0\] \('coco'\): .*coco/\.nv-meta/split\.yaml has no "
+     r"split 'tain' \(its splits: train, val\); pick one with split_part"),
+    "unknown key": ("""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - wieght: 2
+        path: ./coco
+""", r"mds\.yaml: splits\.train\.blend\[0\]\.wieght: unknown key 'wieght'; did you mean "
+     r"'weight'\?"),
+    "join": ("""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    join:
+      a: {path: ./coco}
+    joiner: {__module__: x, __class__: Y}
+""", r"mds\.yaml: splits\.train\.join: joining datasets .* is not supported"),
+    "no split": ("""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  val:
+    path: ./coco
+""", r"mds\.yaml: splits: no split 'train' \(splits here: val\); pick one with split="),
+    "a dataset config": ("""\
+__module__: megatron.energon
+__class__: CrudeWebdataset
+""", r"mds\.yaml: __class__: 'CrudeWebdataset': expected one of MetadatasetV2, Metadataset"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_metadatasets_name_the_file_and_key_in_python_and_spec_check(
+        case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    prepare(local_put(tmp_path), "coco", "coco", shards=5, per_shard=2)
+    text, message = BAD[case]
+    (tmp_path / "mds.yaml").write_text(text)
+    with pytest.raises((SpecError, ShardNotFoundError), match=message):
+        list(wds.WebDataset("mds.yaml"))
+    done = Checked(capsys, "mds.yaml")
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert re.search(message, lines[0]), lines[0]
+
+
+def test_spec_check_lists_keys_not_used_here_and_refuses_them_under_strict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    prepare(local_put(tmp_path), "coco", "coco", shards=5, per_shard=3)
+    (tmp_path / "mds.yaml").write_text("""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - weight: 1
+        path: ./coco
+        shuffle_over_epochs_multiplier: 3
+        subflavors: {kind: captions}
+""")
+    done = Checked(capsys, "mds.yaml", "--split", "train")
+    assert done.returncode == 0, done.stderr
+    assert "dialect: energon, split 'train'" in done.stdout
+    assert "kind=captions" in done.stdout  # the subflavors column
+    assert ("not used here: splits.train.blend[0].shuffle_over_epochs_multiplier: Energon's "
+            "shuffle window") in done.stdout
+    assert "coco/.nv-meta/dataset.yaml: sample_type, field_map: configures Energon's" \
+        in done.stdout
+    strict = Checked(capsys, "mds.yaml", "--strict")
+    assert strict.returncode == 1
+    assert "shuffle_over_epochs_multiplier: not used here" in strict.stderr
+    with pytest.raises(SpecError, match="shuffle_over_epochs_multiplier: not used here"):
+        load_spec(tmp_path / "mds.yaml", strict=True)
