@@ -111,13 +111,14 @@ def _per_epoch(source: SourceSpec, shards: int | None) -> int | None:
     return shards
 
 
-def _per_epoch_rule(source: SourceSpec) -> str:
+def _per_epoch_rule(spec: DatasetSpec, source: SourceSpec) -> str:
     """What a source of a spec of mode "samples" asks for per epoch."""
     if source.samples is not None:
         return f"choose {source.samples:,}"
     if source.repeat is not None:
         return f"repeat {source.repeat:g}"
-    return "proportion" if source.weight != 1.0 else "all"
+    return {"proportion": f"proportion {source.weight:g}", "size": "by size"}.get(spec.shares,
+                                                                                  "all")
 
 
 def _epoch_counts(spec: DatasetSpec, totals: Sequence[int | None],
@@ -166,7 +167,7 @@ def rows_of(spec: DatasetSpec, found: Sequence[Found], shape: Shape,
                 {"min": None, "expected": counts[i] / sum(counts), "max": None,
                  "epoch0": counts[i] / sum(counts)} if counts and sum(counts) else None)
             row["shards_per_epoch"] = None
-            row["per_epoch"] = _per_epoch_rule(source)
+            row["per_epoch"] = _per_epoch_rule(spec, source)
             gets = (math.ceil(expected / per_shard) + shape.slots
                     if expected is not None and per_shard else None)
         elif spec.counted:

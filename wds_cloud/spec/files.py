@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 _REF = re.compile(r"\$\{([^${}]+)\}")
 _INDEX = re.compile(r"\[(\d+)\]")
 _SUFFIXES = (".yaml", ".yml", ".json")
+_NOT_OURS = object()  # a ${NAME} that is no key path of the document
 #: a training config's dataset section, read when the file names no section
 _TRAINING = ("train_loader", "dataset")
 
@@ -143,7 +144,7 @@ def _interpolate(value: Any, root: Any, environ: Mapping[str, str], origin: str,
     if not isinstance(value, str) or "${" not in value:
         return value
 
-    def lookup(ref: str) -> Any | None:
+    def lookup(ref: str) -> Any:
         ref = ref.strip()
         if ref.startswith("oc.env:"):
             name, _, default = ref[len("oc.env:"):].partition(",")
@@ -155,17 +156,17 @@ def _interpolate(value: Any, root: Any, environ: Mapping[str, str], origin: str,
                             "environment")
         steps = _steps(ref)
         if len(steps) < 2 or not isinstance(root, Mapping) or steps[0] not in root:
-            return None  # an environment variable: the dialect's reader expands it
+            return _NOT_OURS  # an environment variable: the dialect's reader expands it
         found = _at(root, ref, origin.split("#")[0])
         return _interpolate(found, root, environ, origin, depth + 1)
 
     whole = _REF.fullmatch(value)
     if whole:
         found = lookup(whole.group(1))
-        return value if found is None else found
+        return value if found is _NOT_OURS else found  # a blank value stays None
 
     def text(match: re.Match[str]) -> str:
         found = lookup(match.group(1))
-        return match.group(0) if found is None else ("" if found is None else str(found))
+        return match.group(0) if found is _NOT_OURS else "" if found is None else str(found)
 
     return _REF.sub(text, value)

@@ -4,7 +4,8 @@ schema (mode ``"samples"``: each stream gives a count of samples per epoch).
 ``streams:`` is a mapping of name to stream, or a list; a dataset section with ``remote``/``local``
 and no ``streams`` is one stream. A stream's ``remote`` is where its shards are (a prefix,
 directory, glob or brace pattern; ``split`` is a subdirectory of it), ``local`` the shard cache
-directory for that stream (where the shards are when there is no ``remote``).
+directory for that stream (where the shards are when there is no ``remote``); relative paths
+are taken from the working directory, as Mosaic takes them.
 
 Per stream at most one of ``proportion`` (relative: a share of ``epoch_size``, default the total
 samples), ``repeat`` (a multiplier of the stream's samples per epoch) or ``choose`` (samples per
@@ -65,6 +66,7 @@ _ABBREV = re.compile(r"^\s*([0-9.]+)\s*([kmbt]?)\s*$", re.IGNORECASE)
 
 def parse_mosaic(r: Reader, data: Any) -> DatasetSpec:
     """The spec of a Mosaic / llm-foundry dataset section."""
+    r.base = None  # Mosaic opens relative paths from the working directory, not the file's
     known = (*_MAPPED, *_UNUSED, *_FOUNDRY)
     top, _ = r.mapping(data, "", known)
     for key in top:
@@ -84,7 +86,7 @@ def parse_mosaic(r: Reader, data: Any) -> DatasetSpec:
     read = [_stream(r, path, name, d, default_split) for path, name, d in entries]
     sources = [source for source, _ in read]
     epoch_size = _epoch_size(r, top.get("epoch_size"))
-    size_weighted = _check_weights(r, read, epoch_size)
+    shares = _check_weights(r, read, epoch_size)
     settings: dict[str, Any] = {}
     if top.get("download_retry") is not None:
         settings["retries"] = r.integer(top["download_retry"], "download_retry",
@@ -97,7 +99,7 @@ def parse_mosaic(r: Reader, data: Any) -> DatasetSpec:
     return finish(r, sources, seed=r.seed(top.get("shuffle_seed"), "shuffle_seed"),
                   mode="samples", dialect="mosaic", epoch_size=epoch_size,
                   shuffle=r.flag(top["shuffle"], "shuffle") if top.get("shuffle") is not None
-                  else True, settings=settings, size_weighted=size_weighted)
+                  else True, settings=settings, shares=shares)
 
 
 def _entries(r: Reader, value: Any) -> list[tuple[str, str, Any]]:
@@ -164,9 +166,9 @@ def _stream(r: Reader, path: str, name: str, entry: Any,
 
 
 def _check_weights(r: Reader, read: list[tuple[SourceSpec, str]],
-                   epoch_size: int | None) -> bool:
-    """Mosaic's rule (proportions, or repeat/choose/none, never both); whether the streams
-    share ``epoch_size`` by size (no weights given)."""
+                   epoch_size: int | None) -> str:
+    """Mosaic's rule (proportions, or repeat/choose/none, never both); how the epoch's samples
+    are counted (:attr:`DatasetSpec.shares`)."""
     relative = [s for s, kind in read if kind == "proportion"]
     others = [(s, kind) for s, kind in read if kind != "proportion"]
     if relative and others:
@@ -181,7 +183,9 @@ def _check_weights(r: Reader, read: list[tuple[SourceSpec, str]],
     if absolute and epoch_size is not None:
         raise r.fail("epoch_size", "epoch_size goes with proportions (relative weights), not "
                      f"with repeat/choose (as in {absolute[0].key}; Mosaic's rule)")
-    return not relative and not absolute and epoch_size is not None
+    if relative:
+        return "proportion"
+    return "size" if not absolute and epoch_size is not None else "counts"
 
 
 def _epoch_size(r: Reader, value: Any) -> int | None:

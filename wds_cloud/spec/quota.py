@@ -15,9 +15,10 @@ the shards from ``KeyedRandom(seed, epoch, -1, SHARDS, i)`` (listed order with
 ``shuffle: false``). The same on every rank.
 
 **Who reads what** (:func:`deal`): each source's sequence is cut into one contiguous range per
-slot (``rank * num_workers + worker``), the remainders handed out round-robin across sources,
-so the slots' totals differ by at most one sample. Within a slot the next sample's source is
-drawn with probability proportional to what the source has left in the slot
+slot (``rank * num_workers + worker``), the remainders handed out round-robin across sources
+(rank by rank), so the slots' totals, and the ranks', differ by at most one sample. Within a
+slot the next sample's source is drawn with probability proportional to what the source has
+left in the slot
 (``KeyedRandom(seed, epoch, slot, MIX)``): every sample of the plan exactly once, sources
 mixed sample by sample.
 """
@@ -46,14 +47,12 @@ Piece = tuple[int, int, int]
 def epoch_counts(spec: DatasetSpec, totals: Sequence[int], seed: int) -> list[int]:
     """Samples per epoch of each source of ``spec``, whose sources hold ``totals`` samples."""
     sources = spec.sources
-    absolute = any(s.repeat is not None or s.samples is not None for s in sources)
-    if absolute or (spec.epoch_size is None and not any(s.weight != 1.0 for s in sources)
-                    and not spec.size_weighted):
+    if spec.shares == "counts":
         return [int(s.repeat * n) if s.repeat is not None
                 else s.samples if s.samples is not None else n
                 for s, n in zip(sources, totals, strict=True)]
     size = spec.epoch_size if spec.epoch_size is not None else sum(totals)
-    weights = list(totals) if spec.size_weighted else [s.weight for s in sources]
+    weights = list(totals) if spec.shares == "size" else [s.weight for s in sources]
     total = float(sum(weights))
     if total <= 0:
         raise ConfigError(f"{spec.origin}: every source's share is zero")
@@ -90,15 +89,21 @@ def plan(counts_per_shard: Sequence[int], count: int, *, seed: int, epoch: int, 
     return pieces
 
 
-def deal(pieces: Sequence[Sequence[Piece]], slots: int) -> list[list[list[Piece]]]:
+def deal(pieces: Sequence[Sequence[Piece]], slots: int,
+         ranks: int = 1) -> list[list[list[Piece]]]:
     """``out[slot][source]``: the contiguous part of each source's pieces that ``slot`` reads
-    (module docstring)."""
+    (module docstring). The remainders go round the slots rank by rank (rank 0's worker 0,
+    rank 1's worker 0, ...), so that the ranks' totals, too, differ by at most one."""
     out: list[list[list[Piece]]] = [[] for _ in range(slots)]
+    workers = slots // ranks
+    turn = [(p % ranks) * workers + p // ranks for p in range(slots)]  # position -> slot
     offset = 0
     for source_pieces in pieces:
         count = sum(end - first for _, first, end in source_pieces)
         base, extra = divmod(count, slots)
-        sizes = [base + (1 if (s - offset) % slots < extra else 0) for s in range(slots)]
+        sizes = [base] * slots
+        for p in range(offset, offset + extra):
+            sizes[turn[p % slots]] += 1
         offset = (offset + extra) % slots
         it = iter(source_pieces)
         current: Piece | None = None
@@ -160,7 +165,7 @@ class SpecSampleEpochs:
         self.position = (epoch, slot)
         pieces = [plan(c, n, seed=self.seed, epoch=epoch, source=i, shuffle=self.spec.shuffle)
                   for i, (c, n) in enumerate(zip(self.counts, self.per_epoch, strict=True))]
-        mine = deal(pieces, slots)[slot]
+        mine = deal(pieces, slots, info.world_size)[slot]
         left = [sum(end - first for _, first, end in p) for p in mine]
         log.info("%s: epoch %d, slot %d: %d samples (%s)", self.spec.origin, epoch, slot,
                  sum(left), ", ".join(f"{s.name} {n}" for s, n in zip(self.spec.sources, left,

@@ -132,8 +132,11 @@ class DatasetSpec:
     split: str = "train"
     #: samples per epoch over all sources (Mosaic's ``epoch_size``), for ``proportion``
     epoch_size: int | None = None
-    #: in mode ``"samples"`` with no weights given: streams share ``epoch_size`` by size
-    size_weighted: bool = False
+    #: in mode ``"samples"``, how the samples of an epoch are counted per source: ``"counts"``
+    #: (``repeat``/``samples``, or all of them), ``"proportion"`` (the weights share
+    #: ``epoch_size``, default all the samples) or ``"size"`` (sources share ``epoch_size`` by
+    #: their sizes)
+    shares: str = "counts"
     #: whether shards are permuted each epoch (Mosaic's ``shuffle: false`` keeps their order)
     shuffle: bool = True
     #: settings the spec gives (``retries``, ``timeout``, ``cache_size``), from its own keys
@@ -235,6 +238,8 @@ class DatasetSpec:
             out["split"] = self.split
         if self.epoch_size is not None:
             out["epoch_size"] = self.epoch_size
+        if self.mode == "samples":
+            out["shares"] = self.shares
         if not self.shuffle:
             out["shuffle"] = False
         if self.settings:
