@@ -312,3 +312,23 @@ splits:
     assert "shuffle_over_epochs_multiplier: not used here" in strict.stderr
     with pytest.raises(SpecError, match="shuffle_over_epochs_multiplier: not used here"):
         load_spec(tmp_path / "mds.yaml", strict=True)
+
+
+def test_the_older_info_yaml_and_a_split_config(tmp_path: Path) -> None:
+    """Datasets prepared by older Energon releases have ``.nv-meta/.info.yaml``; a reference
+    may name another split file with ``split_config``."""
+    put = local_put(tmp_path)
+    prepare(put, "old", "old", shards=4, per_shard=3)
+    meta = tmp_path / "old" / ".nv-meta"
+    (meta / ".info.yaml").write_text(yaml.safe_dump(yaml.safe_load(
+        (meta / ".info.json").read_text())))
+    (meta / ".info.json").unlink()
+    (meta / "custom.yaml").write_text(yaml.safe_dump(
+        {"split_parts": {"train": ["parts/data-{2..3}.tar"]}}))
+    (tmp_path / "mds.yaml").write_text(yaml.safe_dump({
+        "__module__": "megatron.energon", "__class__": "MetadatasetV2",
+        "splits": {"train": {"blend_epochized": [
+            {"repetitions": 1, "path": "old", "split_config": "custom.yaml"}]}}}))
+    got = list(wds.WebDataset(str(tmp_path / "mds.yaml")))
+    assert sorted(s["__key__"] for s in got) == [f"old-{s:02d}-{i:04d}" for s in (2, 3)
+                                                 for i in range(3)]

@@ -164,7 +164,7 @@ streams:
     "MDS data": ("""\
 streams:
   A: {remote: ./mds}
-""", r"mix\.yaml: streams\.A \('A'\): 'mds' holds Mosaic MDS data \(index\.json, \*\.mds\): "
+""", r"mix\.yaml: streams\.A \('A'\): '\./mds' holds Mosaic MDS data \(index\.json, \*\.mds\): "
      r"wds_cloud reads WebDataset tar shards"),
     "epoch_size with choose": ("""\
 epoch_size: 100
@@ -191,3 +191,26 @@ def test_bad_streams_name_the_file_and_key_in_python_and_spec_check(
     _, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1 and re.search(message, lines[0]), err
+
+
+def test_dataset_keys_map_onto_settings_or_are_listed_as_not_used(tmp_path: Path) -> None:
+    """StreamingDataset's ``download_retry``, ``download_timeout``, ``cache_limit``,
+    ``shuffle``, ``shuffle_seed`` take effect (the dataset's openers get them); its
+    partitioning keys are listed with why."""
+    put_shards(local_put(tmp_path), "A", "A", 2, 3)
+    data = {"streams": [{"local": str(tmp_path / "A")}], "download_retry": 2,
+            "download_timeout": 5, "cache_limit": "10gb", "shuffle": False,
+            "shuffle_seed": 9, "predownload": 8, "num_canonical_nodes": 2, "batch_size": 4}
+    spec = load_spec(data)
+    assert spec.settings == {"retries": 2, "timeout": 5.0, "cache_size": 10**10}
+    assert (spec.shuffle, spec.seed) == (False, 9)
+    assert [key for key, _ in spec.unused] == ["predownload", "num_canonical_nodes",
+                                               "batch_size"]
+    dataset = wds.WebDataset(data)
+    opener = dataset.pipeline[0].read.openers[0]
+    assert (opener.settings.retries, opener.settings.timeout) == (2, 5.0)
+    keys = [s["__key__"] for s in dataset]  # shuffle: false keeps the listed shard order
+    assert sorted(keys[:3]) == [f"A-00-{i:04d}" for i in range(3)] or \
+        sorted(keys[3:]) == [f"A-00-{i:04d}" for i in range(3)]
+    with pytest.raises(SpecError, match=r"predownload: not used here: Mosaic's samples"):
+        load_spec(data, strict=True)
