@@ -88,11 +88,11 @@ def _read(router: Router, url: str, parse: Any) -> Any | None:
         if "is a directory" in str(exc):
             return None
         raise
+    import yaml
+
     try:
         return parse(text)
-    except ValueError as exc:  # json.JSONDecodeError and yaml's errors are ValueErrors
-        raise SpecError(f"{redact(url)}: cannot read it: {exc}") from exc
-    except Exception as exc:  # yaml.YAMLError
+    except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError is a ValueError
         raise SpecError(f"{redact(url)}: cannot read it: {exc}") from exc
 
 

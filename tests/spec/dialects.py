@@ -7,9 +7,7 @@ slots of R ranks x W DataLoader workers yield."""
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,18 +16,12 @@ import pytest
 import yaml
 
 import wds_cloud as wds
+from wds_cloud.testing.contract import tar_bytes
 
 
 def shard_bytes(samples: Iterable[tuple[str, Mapping[str, bytes]]]) -> bytes:
     """A tar shard of ``(key, {extension: data})`` samples."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for key, members in samples:
-            for ext, data in members.items():
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
+    return tar_bytes(list(samples))
 
 
 def put_shards(put: Any, folder: str, name: str, shards: int, per_shard: int) -> list[str]:

@@ -46,6 +46,7 @@ __all__ = [
     "SpecMix",
     "SpecShardMix",
     "SpecShuffle",
+    "SpecSource",
     "epoch_shards",
     "keep_extensions",
     "source_draws",
@@ -93,8 +94,9 @@ def _passes(urls: Sequence[str], rng: KeyedRandom, what: str) -> Iterator[str]:
         yield from order
 
 
-class _SpecSource:
-    """What the spec-driven sources share: the spec, the URLs, the seed, the epochs."""
+class SpecSource:
+    """What the spec-driven sources share: the spec, the URLs, the seed, the epochs, the
+    position of the iteration under way."""
 
     def __init__(self, spec: DatasetSpec, urls: Sequence[Sequence[str]], *, seed: int,
                  worker_info: WorkerInfoSource = None,
@@ -125,7 +127,7 @@ class _SpecSource:
                 f"seed={self.seed})")
 
 
-class SpecMix(_SpecSource):
+class SpecMix(SpecSource):
     """The sample-level mix of a weighted spec (see the module docstring).
 
     ``urls[i]``: the shard URLs of ``spec.sources[i]`` (globs listed). ``read(items, i)``
@@ -304,7 +306,7 @@ def epoch_shards(spec: DatasetSpec, urls: Sequence[Sequence[str]], *, seed: int,
     return items
 
 
-class SpecEpochShards(_SpecSource):
+class SpecEpochShards(SpecSource):
     """The samples of a counted spec's epoch: :func:`epoch_shards` dealt to the slots (slot
     ``s`` of ``S = world_size * num_workers`` reads items ``s, s + S, ...``), read with
     ``read(items, -1)``; samples carry ``__source__`` and keep only their source's
@@ -339,7 +341,7 @@ class SpecEpochShards(_SpecSource):
             yield sample
 
 
-class SpecShardMix(_SpecSource):
+class SpecShardMix(SpecSource):
     """webdataset's ``MultiShardSample``: a spec as a stream of shards ``{"url": ...,
     "__source__": name}``, the same on every rank and worker, for the pipeline's splitters.
 

@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from ..pipeline.epochs import EpochCounter
 from ..pipeline.rng import MIX, SHARDS, KeyedRandom
 from ..pipeline.shards import WorkerInfoSource, resolve_worker_info
+from .build import SpecSource
 from .schema import DatasetSpec
 
 __all__ = ["Piece", "SpecSampleEpochs", "deal", "epoch_counts", "plan"]
@@ -122,7 +123,7 @@ def deal(pieces: Sequence[Sequence[Piece]], slots: int,
     return out
 
 
-class SpecSampleEpochs:
+class SpecSampleEpochs(SpecSource):
     """The samples of a spec of mode ``"samples"`` (see the module docstring).
 
     ``urls[i]``, ``counts[i]``: the shards of source ``i`` and their samples. ``read(items,
@@ -135,23 +136,10 @@ class SpecSampleEpochs:
                  counts: Sequence[Sequence[int]], *, seed: int,
                  read: Callable[..., Iterator[Sample]], worker_info: WorkerInfoSource = None,
                  epochs: EpochCounter | None = None) -> None:
-        self.spec = spec
-        self.urls = [list(u) for u in urls]
+        super().__init__(spec, urls, seed=seed, worker_info=worker_info, epochs=epochs)
         self.counts = [list(c) for c in counts]
-        self.seed = seed
         self.read = read
-        self.worker_info = worker_info
-        self.epochs = epochs if epochs is not None else EpochCounter()
         self.per_epoch = epoch_counts(spec, [sum(c) for c in self.counts], seed)
-        #: (epoch, slot) of the iteration under way in this process
-        self.position: tuple[int, int] | None = None
-
-    #: the resumable state of the dataset this source belongs to (set by the dataset)
-    book: Any = None
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration (in every DataLoader worker) epoch ``epoch``."""
-        self.epochs.set(epoch)
 
     def __len__(self) -> int:
         """Samples per epoch over all slots."""
@@ -218,5 +206,4 @@ class SpecSampleEpochs:
                     "it was counted or prepared?)")
 
     def __repr__(self) -> str:
-        return (f"SpecSampleEpochs({self.spec.origin}, {len(self.spec.sources)} sources, "
-                f"{sum(self.per_epoch)} samples per epoch, seed={self.seed})")
+        return f"{super().__repr__()[:-1]}, {sum(self.per_epoch)} samples per epoch)"
