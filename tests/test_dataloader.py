@@ -154,3 +154,19 @@ def test_webloader_set_epoch_for_resuming() -> None:
         return epochs_of(loader)[2]
 
     assert epoch_two(resume=True) == epoch_two(resume=False)
+
+
+def test_the_parent_reads_plain_samples_after_a_webloader_read_the_dataset(
+        tmp_path: Path) -> None:
+    """A WebLoader's workers send their state with each item; the dataset in the main
+    process, iterated after the loader (or between its epochs), still yields samples."""
+    for i in range(4):
+        write_tar(tmp_path / f"s-{i}.tar", [(f"k{i}-{j}", {"txt": b"x"}) for j in range(3)])
+    spec = {"datasets": [{"name": "s", "shards": f"{tmp_path}/s-{{0..3}}.tar"}]}
+    for dataset in (wds.WebDataset(f"{tmp_path}/s-{{0..3}}.tar", shardshuffle=False),
+                    wds.WebDataset(spec, seed=0)):
+        loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
+        by_workers = sorted(s["__key__"] for s in loader)
+        in_parent = sorted(s["__key__"] for s in dataset)
+        assert in_parent == by_workers and len(in_parent) == 12
+        assert sorted(s["__key__"] for s in loader) == by_workers  # the loader again

@@ -367,11 +367,15 @@ class _Unship:
 
 class _ReportIO:
     """A WebLoader's ``worker_init_fn``: the worker also adds its remote I/O counts to its slots
-    of ``counters`` (shared memory the loader reads), then the user's ``init`` runs."""
+    of ``counters`` (shared memory the loader reads) and, with ``ship``, makes its copy of the
+    dataset send its resumable state along with each item (the dataset in the main process
+    keeps yielding plain items); then the user's ``init`` runs."""
 
-    def __init__(self, counters: Any, init: Callable[[int], Any] | None) -> None:
+    def __init__(self, counters: Any, init: Callable[[int], Any] | None,
+                 ship: bool = False) -> None:
         self.counters = counters
         self.init = init
+        self.ship = ship
 
     def __call__(self, worker_id: int) -> None:
         from .stores.iostats import IO_FIELDS, report_io_to
@@ -379,6 +383,13 @@ class _ReportIO:
         first = worker_id * len(IO_FIELDS)
         if first + len(IO_FIELDS) <= len(self.counters):  # num_workers was raised since: uncounted
             report_io_to(self.counters, first)
+        if self.ship:
+            from torch.utils.data import get_worker_info
+
+            info = get_worker_info()
+            book = getattr(info.dataset, "book", None) if info is not None else None
+            if book is not None:
+                book.ship = True
         if self.init is not None:
             self.init(worker_id)
 
@@ -406,9 +417,8 @@ class WebLoader(DataPipeline, FluidInterface):
         from .stores.iostats import IO_FIELDS
 
         loader = DataLoader(*args, **kw)
-        book = getattr(loader.dataset, "book", None)
-        if book is not None and loader.num_workers > 0:
-            book.ship = True  # each worker sends its state along with each item
+        ship = getattr(loader.dataset, "book", None) is not None and loader.num_workers > 0
+        if ship:  # each worker sends its state along with each item
             loader.collate_fn = _Unship(loader.collate_fn)
         self._io_counters: Any = None
         if loader.num_workers > 0:
@@ -416,7 +426,7 @@ class WebLoader(DataPipeline, FluidInterface):
 
             context = loader.multiprocessing_context or multiprocessing.get_context()
             self._io_counters = context.RawArray("q", loader.num_workers * len(IO_FIELDS))
-            loader.worker_init_fn = _ReportIO(self._io_counters, loader.worker_init_fn)
+            loader.worker_init_fn = _ReportIO(self._io_counters, loader.worker_init_fn, ship)
         super().__init__(_EpochedLoader(loader))
 
     def io_stats(self) -> dict[str, int]:
