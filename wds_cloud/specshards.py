@@ -16,6 +16,7 @@ when the dataset says them: part of the composition root (it lists and reads thr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -56,6 +57,9 @@ def list_source(spec: DatasetSpec, source: SourceSpec, router: Router) -> Listed
     """The shards of ``source`` (see the module docstring); errors name the spec file, the
     source's key and what was looked for."""
     where = f"{spec.origin}: {source.key} ({source.name!r})"
+    if router.cache() is not None:  # .nv-meta is read where it is, never from the shard cache
+        router = Router(dataclasses.replace(router.settings, cache_dir=None),
+                        router.storage_options, router.url_to_name)
     if not source.is_directory:
         try:
             return Listed(expand_glob(list(source.urls), router=router))

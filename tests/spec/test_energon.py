@@ -7,6 +7,7 @@ DataLoader workers and two ranks, and every bad input named by file and key."""
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -332,3 +333,47 @@ def test_the_older_info_yaml_and_a_split_config(tmp_path: Path) -> None:
     got = list(wds.WebDataset(str(tmp_path / "mds.yaml")))
     assert sorted(s["__key__"] for s in got) == [f"old-{s:02d}-{i:04d}" for s in (2, 3)
                                                  for i in range(3)]
+
+
+def test_a_damaged_shard_midway_with_a_handler_that_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The epoch counts what the shards really gave: with ``warn_and_continue`` the samples
+    before the damage are read, the shortfall is logged naming the shard; with the default
+    handler the damage is an error naming the shard."""
+    put = local_put(tmp_path)
+    prepare(put, "ds", "ds", shards=5, per_shard=10)
+    shard = tmp_path / "ds" / "parts" / "data-1.tar"
+    shard.write_bytes(shard.read_bytes()[:2900])  # inside the third sample
+    (tmp_path / "mds.yaml").write_text(yaml.safe_dump({
+        "__module__": "megatron.energon", "__class__": "MetadatasetV2",
+        "splits": {"train": {"blend_epochized": [{"repetitions": 1, "path": "ds"}]}}}))
+    dataset = wds.WebDataset(str(tmp_path / "mds.yaml"), handler=wds.warn_and_continue)
+    with pytest.warns(UserWarning, match="truncated"):
+        got = [s["__key__"] for s in dataset]
+    assert len(got) == 30 + 2 and "ds-01-0001" in got and "ds-01-0002" not in got
+    assert f"{shard}".replace(str(tmp_path), "") in caplog.text.replace(str(tmp_path), "")
+    assert "gave 2 samples, but 10 were counted for it" in caplog.text
+    with pytest.raises(wds.ShardFormatError, match=r"data-1\.tar"):
+        list(wds.WebDataset(str(tmp_path / "mds.yaml")))
+
+
+def test_nv_meta_is_read_where_it_is_never_from_the_shard_cache(
+        s3_datasets: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a shard cache, the shards are cached, the small .nv-meta files are not: a split
+    changed in the bucket is what the next dataset reads."""
+    monkeypatch.chdir(tmp_path)
+    spec = {"__module__": "megatron.energon", "__class__": "MetadatasetV2",
+            "splits": {"val": {"path": s3_datasets.url("coco")}}}
+
+    def read() -> set[str]:
+        return {s["__url__"].rsplit("/", 1)[-1] for s in wds.WebDataset(
+            spec, split="val", cache_dir="cache", storage_options=s3_datasets.storage_options)}
+
+    assert read() == {"data-8.tar", "data-9.tar"}
+    s3_datasets.put("coco/.nv-meta/split.yaml", yaml.safe_dump(
+        {"split_parts": {"val": ["parts/data-0.tar"]}}).encode())
+    time.sleep(1.2)  # rclone's --dir-cache-time 1s: it serves the old size until then
+    assert read() == {"data-0.tar"}
+    cached = [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert any(n.endswith(".tar") for n in cached)
+    assert not [n for n in cached if n.startswith(("info.", "split.", "dataset."))], cached

@@ -168,9 +168,15 @@ class SpecSampleEpochs(SpecSource):
                 while pick >= left[i]:
                     pick -= left[i]
                     i += 1
+                try:
+                    sample = next(readers[i])
+                except StopIteration:  # its shards gave fewer samples than counted (warned)
+                    remaining -= left[i]
+                    left[i] = 0
+                    continue
                 left[i] -= 1
                 remaining -= 1
-                yield next(readers[i])
+                yield sample
         finally:
             for reader in readers:
                 reader.close()
@@ -199,11 +205,11 @@ class SpecSampleEpochs(SpecSource):
                 close = getattr(samples, "close", None)
                 if close is not None:
                     close()
-            if seen < end:
-                raise ConfigError(
-                    f"{self.spec.origin}: {source.key} ({source.name!r}): {url} gave {seen} "
-                    f"samples, but {self.counts[i][j]} were counted for it (changed since "
-                    "it was counted or prepared?)")
+            if seen < end:  # a handler skipped a damaged part, or the shard changed
+                log.warning("%s: %s (%r): %s gave %d samples, but %d were counted for it "
+                            "(damaged, or changed since it was counted or prepared?): this "
+                            "epoch has %d fewer", self.spec.origin, source.key, source.name,
+                            url, seen, self.counts[i][j], end - max(seen, first))
 
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}, {sum(self.per_epoch)} samples per epoch)"
