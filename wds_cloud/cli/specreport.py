@@ -79,7 +79,7 @@ class Shape:
 def _shards(source: SourceSpec, found: Found) -> int | None:
     if found.urls is not None:
         return len(found.urls)
-    return None if source.has_glob else len(source.urls)
+    return None if source.has_glob or source.is_directory else len(source.urls)
 
 
 def _bytes(found: Found) -> int | None:
