@@ -151,9 +151,10 @@ def test_states_that_do_not_fit_name_the_field(spec_file: Path, store_factory: C
     spec["datasets"][0]["weight"] = 0.6
     other.write_text(yaml.safe_dump(spec))
     changed = make(spec=other)
-    changed.load_state_dict(state)  # checked where the state is used: in each worker
-    with pytest.raises(Exception, match=r"fingerprint|dataset"):
-        _stream(changed, 1)
+    with pytest.raises(wds.ResumeError, match=r"the dataset \(spec or shard list\) differs") \
+            as info:
+        changed.load_state_dict(state)  # refused at once, not in the workers
+    assert info.value.field == "fingerprint"
     # reseed: a WARNING, and the epoch goes on with fresh streams
     reseeded = make(spec=other)
     reseeded.load_state_dict(state, on_mismatch="reseed")

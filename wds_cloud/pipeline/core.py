@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .shards import WorkerInfoSource, resolve_worker_info
+from .stagecheck import check_stages, describe_stages
 
 __all__ = [
     "MockDataset",
@@ -222,6 +223,7 @@ class Pipeline:
     def __iter__(self) -> Iterator[Any]:
         book = self.book
         if book is not None:
+            book.stages = describe_stages(self.pipeline)
             book.begin(resolve_worker_info(self.worker_info))
             self._begin(book)
         source = self.iterator1() if self.repetitions == 1 else self.iterator()
@@ -265,8 +267,22 @@ class Pipeline:
 
             raise ResumeError(f"{type(self).__name__} keeps no resumable state; WebDataset and "
                               "spec datasets do", field="kind")
+        self._check_stages(state)
         self.book.load_state_dict(state, on_mismatch=on_mismatch)
         self._adopt_seed(self.book.seed)
+
+    def _check_stages(self, state: dict[str, Any]) -> None:
+        """Refuse a state whose stages changed in a way a restore cannot honour; log the
+        changes it honours (see :mod:`wds_cloud.pipeline.stagecheck`)."""
+        now = describe_stages(self.pipeline)
+        for one in state.get("workers", [state]):
+            if one and one.get("stages"):
+                notes = check_stages(one["stages"], now,
+                                     buffered=bool(one.get("shuffle.buffer")),
+                                     replayed="workers" in state)
+                for note in notes:
+                    log.info("resuming %s: %s", type(self).__name__, note)
+                return
 
     def _adopt_seed(self, seed: int) -> None:
         """Use ``seed`` (a loaded state's, when no seed was chosen)."""

@@ -208,6 +208,8 @@ class ResumeBook:
         #: sent along with every item (a WebLoader's workers): ``(item, state)``
         self.ship = False
         self.unsupported = ""  # why this dataset cannot resume, if it cannot
+        #: the pipeline's stages (:func:`~wds_cloud.pipeline.stagecheck.describe_stages`)
+        self.stages = ""
         self._reset()
 
     def _reset(self) -> None:
@@ -256,12 +258,15 @@ class ResumeBook:
         self.restoring = state
         self.yielded = int(state.get("yielded", 0))
 
-    def _fits(self, state: State, info: WorkerInfo) -> bool:
+    def _check_kind(self, state: State) -> None:
         if state.get("version") != STATE_VERSION or state.get("kind") != self.kind:
             raise ResumeError(
                 f"this state is of a {state.get('kind')!r} dataset (state version "
                 f"{state.get('version')}), not of this {self.kind!r} one (version "
                 f"{STATE_VERSION})", field="kind")
+
+    def _fits(self, state: State, info: WorkerInfo) -> bool:
+        self._check_kind(state)
         if state.get("unsupported"):
             raise ResumeError(f"the saved dataset could not resume: {state['unsupported']}",
                               field="unsupported")
@@ -336,6 +341,8 @@ class ResumeBook:
         }
         if self.unsupported:
             state["unsupported"] = self.unsupported
+        if self.stages:
+            state["stages"] = self.stages
         for fn in self.parts.values():
             state.update(fn())
         return state
@@ -351,6 +358,11 @@ class ResumeBook:
         self.on_mismatch = on_mismatch
         worker_states = state.get("workers", [state])
         for one in worker_states:
+            if one and one.get("fingerprint") != self.fingerprint:  # a changed spec: say so now
+                self._check_kind(one)
+                self._mismatch("fingerprint", one.get("fingerprint"), self.fingerprint)
+                if on_mismatch == "reseed":
+                    break
             if one and one.get("seed") != self.seed:
                 if self.seed_chosen:
                     self._mismatch("seed", one.get("seed"), self.seed)
