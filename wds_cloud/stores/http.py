@@ -133,7 +133,8 @@ class _HttpSource:
                                careful=careful)
             location = body.headers.get("Location")
             if body.status not in _REDIRECTS or not location:
-                return body, self._judge(body.status, body.headers, offset, body.close)
+                meta = self._judge(body.status, body.headers, offset, body.close)
+                return _skipped(body, offset if body.status == 200 else 0, self._url), meta
             body.close()
             target = str(self._fs.encode_url(urljoin(url, location)))
             if urlsplit(target).netloc != urlsplit(url).netloc:
@@ -144,9 +145,11 @@ class _HttpSource:
                         url=self._url)
 
     def _judge(self, status: int, headers: Any, offset: int, close: Any) -> ObjectMeta:
-        """What an answer says of the object, or (``close`` called) the error it is."""
+        """What an answer says of the object, or (``close`` called) the error it is. A whole
+        object (200) answered to a ranged GET is read from its start and skipped to the
+        offset (:func:`_skipped`)."""
         try:
-            error = answer_error(self._url, status, offset)
+            error = answer_error(self._url, status, 0 if status == 200 else offset)
             if error is not None:
                 raise error
             return _meta(headers, offset, status)
@@ -164,7 +167,34 @@ class _HttpSource:
         except transient_errors("http") as exc:
             raise RetryableError(f"cannot connect for {redact(self._url)}: {reason(exc)}") from exc
         meta = self._judge(resp.status, resp.headers, offset, resp.close)
-        return AsyncBody(self._fs.loop, resp.content.read, releaser(resp)), meta
+        body = AsyncBody(self._fs.loop, resp.content.read, releaser(resp))
+        return _skipped(body, offset if resp.status == 200 else 0, self._url), meta
+
+
+_IGNORING: set[str] = set()  # hosts that answered a ranged GET with the whole object (logged)
+_SKIP_CHUNK = 1 << 20
+
+
+def _skipped(body: Any, offset: int, url: str) -> Any:
+    """``body`` with its first ``offset`` bytes read and dropped: a server that ignores
+    ``Range`` (Python's ``http.server``, some mirrors) sends the whole object, so a resume or
+    a retry at a byte reads up to it instead of failing (logged once per host)."""
+    if offset <= 0:
+        return body
+    host = urlsplit(url).netloc
+    if host not in _IGNORING:
+        _IGNORING.add(host)
+        log.warning("%s ignores Range requests: resuming at a byte reads the object from its "
+                    "start and skips to it (%d bytes here)", host, offset)
+    left = offset
+    while left > 0:
+        got = body.read(min(left, _SKIP_CHUNK))
+        if not got:
+            body.close()
+            raise OpenError(f"{redact(url)}: the whole object (the server ignored Range) "
+                            f"ended {left} bytes before the offset {offset}", url=redact(url))
+        left -= len(got)
+    return body
 
 
 class HttpOpener:
