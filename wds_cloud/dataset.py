@@ -247,7 +247,13 @@ class WebDataset(DataPipeline, FluidInterface):
             self.book = source.book = ResumeBook(
                 "spec", fingerprint(self.spec.describe(), source.urls), self.seed,
                 seed_chosen=chosen)
-            if not isinstance(source, SpecMix):
+            if isinstance(source, SpecMix):  # its sources may change between save and restore
+                from .spec.remix import remap_state
+
+                self.book.adapt = functools.partial(remap_state, spec=self.spec,
+                                                    urls=source.urls,
+                                                    now=self.book.fingerprint)
+            else:
                 self.book.unsupported = (f"a spec that reads per-epoch {self.spec.mode} "
                                          "(webdataset's shard lists, Mosaic's or Energon's "
                                          "sample counts) does not resume yet; a weighted one "

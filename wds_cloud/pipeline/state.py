@@ -210,6 +210,9 @@ class ResumeBook:
         self.unsupported = ""  # why this dataset cannot resume, if it cannot
         #: the pipeline's stages (:func:`~wds_cloud.pipeline.stagecheck.describe_stages`)
         self.stages = ""
+        #: ``adapt(state)``: a state of another fingerprint made to fit this dataset (a mix
+        #: whose sources changed, :func:`~wds_cloud.spec.remix.remap_state`), if it can be
+        self.adapt: Callable[[State], State] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -287,6 +290,28 @@ class ResumeBook:
                               "statistically", field=name)
         log.warning("%s; going on with fresh streams (on_mismatch='reseed')", message)
 
+    def _adapted(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``state`` with each worker's state of another fingerprint adapted, where
+        :attr:`adapt` can (the rest are left to the fingerprint check)."""
+        if self.adapt is None:
+            return state
+
+        def one(worker: Any) -> Any:
+            if not worker or worker.get("fingerprint") == self.fingerprint:
+                return worker
+            self._check_kind(worker)
+            assert self.adapt is not None
+            try:
+                return self.adapt(dict(worker))
+            except ResumeError:
+                if self.on_mismatch != "reseed":
+                    raise
+                return worker  # the fingerprint check reseeds it, with a WARNING
+
+        if "workers" in state:
+            return {**state, "workers": [one(w) for w in state["workers"]]}
+        return one(state)
+
     def get(self, key: str, default: Any = None) -> Any:
         """A value of the state this iteration resumes from (``default`` if fresh)."""
         return self.restoring.get(key, default)
@@ -356,6 +381,7 @@ class ResumeBook:
             raise ResumeError(f"a state_dict is a dict, got {type(state).__name__}",
                               field="state")
         self.on_mismatch = on_mismatch
+        state = self._adapted(state)
         worker_states = state.get("workers", [state])
         for one in worker_states:
             if one and one.get("fingerprint") != self.fingerprint:  # a changed spec: say so now

@@ -174,12 +174,18 @@ class SpecMix(SpecSource):
         book = self.book
         drawn = [0, 0]  # samples drawn before this block, and the source of the last one
         skip = 0
+        self._keys = list(range(n))  # what each source's shard permutation is keyed by
         if book is not None:
+            from .remix import source_keys
+
             drawn[0] = int(book.get("mix.n", 0))
             skip = drawn[0] % _BLOCK
             rng.skip(drawn[0] - skip)
             drawn[0] -= skip
             book.part("mix.", lambda: {"mix.n": drawn[0], "mix.last": drawn[1]})
+            self._keys = [int(book.get(f"src.{i}.key", i)) for i in range(n)]  # (a remix)
+            named = source_keys(self.spec, self.urls, self._keys)
+            book.part("names.", lambda: named)
             self._last = (cursors, drawn)
         try:
             while True:
@@ -242,7 +248,8 @@ class SpecMix(SpecSource):
 
     def _source(self, i: int, epoch: int, slot: int, cursor: ShardCursor) -> _SourceStream:
         what = self._what(i)
-        shards = _passes(self.urls[i], KeyedRandom(self.seed, epoch, slot, SHARDS, i), what)
+        key = self._keys[i]  # i, or the index it had when a resumed state was saved
+        shards = _passes(self.urls[i], KeyedRandom(self.seed, epoch, slot, SHARDS, key), what)
         items: Iterator[dict[str, Any]] = ({"url": url} for url in shards)
         if self.book is not None:
             items = track_shards(self.book, i, cursor, items)
