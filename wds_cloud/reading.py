@@ -19,7 +19,8 @@ from .io.pace import Pace
 from .io.readahead import ReadAhead
 from .pipeline import core as pipeline
 from .pipeline.rng import SHUFFLE, KeyedRandom
-from .pipeline.state import Ref, ResumableShuffle, ResumeBook, refetch, track_shards
+from .pipeline.shufflestate import ResumableShuffle
+from .pipeline.state import Ref, ResumeBook, refetch, track_shards
 from .router import Router
 from .settings import Settings
 from .tar.shardloop import ShardCursor, samples_from_shards

@@ -37,7 +37,8 @@ from ..pipeline.epochs import EpochCounter
 from ..pipeline.filters import buffer_shuffle, check_bufsize
 from ..pipeline.rng import MIX, SHARDS, SHUFFLE, KeyedRandom, PythonRandom
 from ..pipeline.shards import WorkerInfoSource, resolve_worker_info
-from ..pipeline.state import Ref, ResumableShuffle, ResumeBook, refetch, track_shards
+from ..pipeline.shufflestate import ResumableShuffle
+from ..pipeline.state import Ref, ResumeBook, refetch, track_shards
 from ..tar.shardloop import ShardCursor
 from .schema import DatasetSpec
 
