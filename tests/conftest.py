@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-pytest_plugins = ["stores.fixtures"]  # real test servers (tests/stores/), started on first use
+pytest_plugins = ["stores.fixtures", "stores.plainhttp"]  # real test servers, on first use
 
 # Cloud SDKs probe instance-metadata addresses for default credentials; keep them on loopback.
 _NO_METADATA = {

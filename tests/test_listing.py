@@ -4,11 +4,8 @@ retries of S3 listings and lookups (``shard_sizes`` and ``glob``) behind the fau
 
 from __future__ import annotations
 
-import functools
-import http.server
 import re
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,27 +24,6 @@ from wds_cloud.stores.http import LOOKUPS
 @pytest.fixture
 def web(store_factory: Callable[[str], Store]) -> Store:
     return store_factory("http")
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # a client that closes before the whole body is sent: what the test is about
-
-
-@pytest.fixture
-def no_ranges(tmp_path: Path) -> Iterator[str]:
-    """The base URL of ``http.server`` serving ``tmp_path``: whole files, Range ignored."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
-    server = _Server(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_more_urls_than_lookups_at_once(web: Store) -> None:

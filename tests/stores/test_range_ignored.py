@@ -4,11 +4,7 @@ state continues the stream exactly."""
 
 from __future__ import annotations
 
-import functools
 import itertools
-import threading
-from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -17,26 +13,13 @@ from shardgen import write_tar
 import wds_cloud as wds
 
 
-class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def plain_http(tmp_path: Path) -> Iterator[str]:
-    """``http.server`` on 127.0.0.1 serving 4 shards of 25 samples; the URL pattern."""
+def plain_http(no_ranges: str, tmp_path: Path) -> str:
+    """4 shards of 25 samples on ``http.server``; their URL pattern."""
     for s in range(4):
         write_tar(tmp_path / f"p-{s}.tar", [(f"p{s}-{i:03d}", {"txt": b"y" * 300})
                                             for i in range(25)])
-    handler = functools.partial(_Quiet, directory=str(tmp_path))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/p-{{0..3}}.tar"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return f"{no_ranges}/p-{{0..3}}.tar"
 
 
 def test_resume_from_a_server_that_ignores_range(plain_http: str,
