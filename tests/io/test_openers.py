@@ -201,3 +201,14 @@ def test_writing_into_a_missing_directory_says_so(tmp_path: Path) -> None:
     with pytest.raises(OpenError, match="directory does not exist") as info:
         gopen(target, "wb")
     assert not isinstance(info.value, ShardNotFoundError) and info.value.url == target
+
+
+def test_local_glob_of_a_missing_directory_matches_nothing(tmp_path: Path) -> None:
+    """Python's glob answers ``["missing/"]`` for ``missing/**``: the opener's glob drops it,
+    so a spec naming a directory that is not there says nothing was found."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "a.tar").write_bytes(b"")
+    glob = openers.get_opener(str(tmp_path / "here" / "a.tar")).glob  # type: ignore[attr-defined]
+    assert glob(f"{tmp_path}/missing/**") == []
+    assert glob(f"file://{tmp_path}/missing/**") == []
+    assert glob(f"{tmp_path}/here/**") == [f"{tmp_path}/here/", f"{tmp_path}/here/a.tar"]

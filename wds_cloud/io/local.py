@@ -61,10 +61,15 @@ class LocalOpener:
         """Local paths (or ``file:`` URLs, as given) matching ``pattern``."""
         scheme, rest = split_scheme(pattern)
         if not scheme:
-            return sorted(globmod.glob(pattern, recursive=True))
+            return _existing(globmod.glob(pattern, recursive=True))
         prefix = "file://" if rest.startswith("//") else "file:"
         path = file_url_path(rest)
-        return sorted(prefix + found for found in globmod.glob(path, recursive=True))
+        return sorted(prefix + found for found in _existing(globmod.glob(path, recursive=True)))
+
+
+def _existing(found: list[str]) -> list[str]:
+    # glob("missing/**", recursive=True) answers ["missing/"] for a directory that is not there
+    return sorted(path for path in found if os.path.lexists(path))
 
 
 class _AtomicFile(io.BufferedWriter):
