@@ -26,6 +26,16 @@ def test_rewrite_variable_names() -> None:
     assert (s.rewrite, s.rewrite_var) == ("c=d", "WDS_REWRITE")
 
 
+def test_gopen_verbose_reads_as_webdataset_reads_it() -> None:
+    """webdataset: ``int(os.environ.get("GOPEN_VERBOSE", 0))``, non-zero is on."""
+    for raw, on in (("1", True), ("2", True), ("-1", True), ("0", False), ("", False),
+                    (" 1 ", True), ("true", True), ("off", False)):
+        assert Settings.from_env({"GOPEN_VERBOSE": raw}).gopen_verbose is on, raw
+    assert Settings.from_env({}).gopen_verbose is False
+    with pytest.raises(ConfigError, match="GOPEN_VERBOSE"):
+        Settings.from_env({"GOPEN_VERBOSE": "loud"})
+
+
 def test_sizes() -> None:
     assert parse_size("1e9") == 10**9
     assert parse_size("50GB") == 50 * 10**9

@@ -9,9 +9,10 @@ mix stores; for a single URL a flat dict of the URL's scheme's options works too
 and proxying), looked up by its scheme or an alias of it (``gs``/``gcs``, ``az``/``abfs``/
 ``abfss``, ``http``/``https``).
 
-:func:`gopen` keeps webdataset's signature; :data:`gopen_schemes` is a live, dict-like view of
-the opener registry, so ``gopen_schemes["foo"] = handler`` (webdataset's way to add a scheme)
-keeps working with ``handler(url, mode, bufsize, **kw)`` functions.
+:func:`gopen` keeps webdataset's signature, and its ``GOPEN_VERBOSE`` lines (:data:`info` is
+webdataset's ``gopen.info``; see :mod:`wds_cloud.io.verbose`); :data:`gopen_schemes` is a live,
+dict-like view of the opener registry, so ``gopen_schemes["foo"] = handler`` (webdataset's way
+to add a scheme) keeps working with ``handler(url, mode, bufsize, **kw)`` functions.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from . import utils
 from .errors import ConfigError, OpenError, ShardNotFoundError, UnsafeURLError
 from .io import registry as openers
+from .io import verbose
 from .io.pace import Pace
 from .settings import Settings, expand_path, parse_size
 from .urls import (
@@ -42,12 +44,15 @@ from .urls import (
 if TYPE_CHECKING:
     from .cache import ShardCache
 
-__all__ = ["Router", "expand_glob", "gopen", "gopen_schemes", "reader", "resolve_url",
+__all__ = ["Router", "expand_glob", "gopen", "gopen_schemes", "info", "reader", "resolve_url",
            "rewrite_url", "scheme_options", "with_cache"]
 
 log = logging.getLogger(__name__)
 
 StorageOptions = Mapping[str, Any]
+
+#: webdataset's ``gopen.info``: shown at the end of each ``GOPEN_VERBOSE`` line
+info = verbose.info
 
 _ALIASES = ({"gs", "gcs"}, {"az", "abfs", "abfss"}, {"http", "https"}, {"", "file"})
 _GLOB_CHARS = frozenset("*?[")
@@ -143,7 +148,16 @@ class Router:
         Secure mode (see :mod:`wds_cloud.utils`) refuses, with :class:`UnsafeURLError` (a
         ``ValueError``): ``pipe:`` URLs when ``WDS_SECURE`` (``settings.secure``) or the module
         flag ``enforce_security`` says so; local paths and ``file:`` URLs only when the flag
-        is True. The URL checked is the one opened, after rewriting."""
+        is True. The URL checked is the one opened, after rewriting. With
+        ``settings.gopen_verbose`` it is said on stderr (:mod:`wds_cloud.io.verbose`)."""
+        if self.settings.gopen_verbose:  # GOPEN_VERBOSE: webdataset's lines on stderr
+            return verbose.watched(
+                url, lambda: self._route(url, mode, options), bufsize=options.get("bufsize", 8192),
+                rewrite=lambda: url if url == "-" else _rewrite(url, self.rules,
+                                                                self.settings.rewrite_var))
+        return self._route(url, mode, options)
+
+    def _route(self, url: str, mode: str, options: dict[str, Any]) -> BinaryIO:
         if mode not in ("rb", "wb"):
             raise ConfigError(f"gopen mode must be 'rb' or 'wb', got {mode!r} for {redact(url)!r}")
         offset = int(options.pop("offset", 0) or 0)

@@ -14,6 +14,9 @@ variable                 meaning
 ``WDS_CACHE``            shard cache directory; setting it turns caching on
 ``WDS_CACHE_SIZE``       cache bound in bytes (``1e9``, ``50GB``, ``500MiB``)
 ``WDS_VERBOSE_CACHE``    ``1``: one log line per cache hit, miss, fill and eviction
+``GOPEN_VERBOSE``        ``1`` (any non-zero integer, or true/yes/on): webdataset's lines on
+                         stderr, ``GOPEN <url> {}`` for each URL opened and one line when its
+                         stream ends (:mod:`wds_cloud.io.verbose`; URLs redacted)
 ``WDS_CACHE_REVALIDATE`` ``1``: ask the store on each cache hit whether the shard changed
                          (ETag, generation) and fetch it again if it did
 ``WDS_CACHE_LOCAL``      ``1``: cache local and NAS paths too (for slow network file systems)
@@ -127,6 +130,14 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
         raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
 
 
+def _verbose(raw: str) -> bool:
+    """``GOPEN_VERBOSE``: webdataset reads it as an integer (non-zero: on); flag words too."""
+    try:
+        return int(raw.strip()) != 0
+    except ValueError:
+        return parse_bool(raw, name="GOPEN_VERBOSE")
+
+
 def _seed(env: Mapping[str, str]) -> int | None:
     raw = env.get("WDS_SEED")
     if raw is None or raw.strip() == "":
@@ -148,6 +159,7 @@ class Settings:
     cache_dir: str | None = None
     cache_size: int | None = None
     verbose_cache: bool = False
+    gopen_verbose: bool = False
     cache_revalidate: bool = False
     cache_local: bool = False
     secure: bool = False
@@ -194,6 +206,7 @@ class Settings:
             cache_dir=expand_path(cache_dir) if cache_dir else None,
             cache_size=parse_size(size, name="WDS_CACHE_SIZE") if size else None,
             verbose_cache=parse_bool(env.get("WDS_VERBOSE_CACHE", ""), name="WDS_VERBOSE_CACHE"),
+            gopen_verbose=_verbose(env.get("GOPEN_VERBOSE", "")),
             cache_revalidate=parse_bool(env.get("WDS_CACHE_REVALIDATE", ""),
                                         name="WDS_CACHE_REVALIDATE"),
             cache_local=parse_bool(env.get("WDS_CACHE_LOCAL", ""), name="WDS_CACHE_LOCAL"),

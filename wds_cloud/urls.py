@@ -26,6 +26,7 @@ __all__ = [
     "merge_scheme_options",
     "parse_rewrite_rules",
     "redact",
+    "redact_text",
     "split_scheme",
     "substitute_vars",
 ]
@@ -204,3 +205,12 @@ def redact(url: str) -> str:
         for item in parts.query.split("&") if item
     )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+#: a URL inside free text (a message, a shell command): up to a space, quote or bracket
+_URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"()<>]+")
+
+
+def redact_text(text: str) -> str:
+    """``text`` (a message, a ``pipe:`` command) with each URL in it :func:`redact`-ed."""
+    return _URL_IN_TEXT.sub(lambda m: redact(m.group(0)), text)

@@ -50,6 +50,21 @@ class _PipeStream(io.RawIOBase):
             while self._tail_size - len(self._tail[0]) >= self._STDERR_TAIL:
                 self._tail_size -= len(self._tail.popleft())
 
+    @property
+    def command(self) -> str:
+        """The shell command."""
+        return self._command
+
+    @property
+    def child_pid(self) -> int:
+        """The process id of the shell running the command."""
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The command's exit status once it has exited (negative: killed by that signal)."""
+        return self._proc.poll()
+
     def readable(self) -> bool:
         return not self._writing
 

@@ -37,7 +37,6 @@ import functools
 import importlib
 import logging
 import random
-import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -47,7 +46,7 @@ from urllib.parse import urlsplit
 
 from ..errors import AccessDeniedError, OpenError, ShardNotFoundError, TransferError
 from ..settings import Settings
-from ..urls import redact
+from ..urls import redact, redact_text
 from .iostats import IO_FIELDS, IOStats, count_io, io_stats, report_io_to, reset_io_stats
 
 __all__ = [
@@ -73,8 +72,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"()<>]+")
 
 
 # -- the policy -------------------------------------------------------------------------------
@@ -192,7 +189,7 @@ def status_error(status: int, url: str, doing: str, *, detail: str = "",
 def describe(exc: BaseException) -> str:
     """``Type: message`` of ``exc`` with each URL in it redacted, and the exception it was
     raised from."""
-    text = _URL.sub(lambda m: redact(m.group(0)), str(exc))
+    text = redact_text(str(exc))
     said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     if exc.__cause__ is not None:
         said += f" (from {describe(exc.__cause__)})"
@@ -243,7 +240,7 @@ def _said(exc: BaseException) -> str:
             return said
     if (type(exc) in (ConnectionError, OSError) or isinstance(exc, RetryableError)) and str(exc):
         # our own words: a body ended short, an answer a store judged (URLs redacted)
-        return _URL.sub(lambda m: redact(m.group(0)), str(exc))
+        return redact_text(str(exc))
     name = type(exc).__name__
     return next((said for word, said in _NAMED_REASONS if word in name), "")
 
@@ -264,7 +261,7 @@ def reason(exc: BaseException) -> str:
         said = _said(error)
         if said:
             return f"{said} ({address})" if address and address not in said else said
-    text = _URL.sub(lambda m: redact(m.group(0)), str(exc))
+    text = redact_text(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
