@@ -60,6 +60,8 @@ __all__ = [
     "WorkerInfo",
     "derive_seed",
     "non_empty",
+    "pytorch_worker_info",
+    "pytorch_worker_seed",
     "register_torch_datasets",
     "resampled",
     "set_epoch",
@@ -113,6 +115,21 @@ def worker_info(settings: Settings | None = None, *, group: object = None) -> Wo
     if s.worker is not None and s.num_workers is not None:
         worker, num_workers = s.worker, s.num_workers
     return WorkerInfo(rank, world_size, worker, num_workers, seed)
+
+
+def pytorch_worker_info(group: object = None) -> tuple[int, int, int, int]:
+    """webdataset's ``utils.pytorch_worker_info``: ``(rank, world_size, worker, num_workers)``
+    of this process, found as :func:`worker_info` finds them (``RANK``/``WORLD_SIZE``, else
+    ``torch.distributed`` in process ``group``; ``WORKER``/``NUM_WORKERS``, else the
+    DataLoader worker), read now."""
+    info = worker_info(group=group)
+    return info.rank, info.world_size, info.worker, info.num_workers
+
+
+def pytorch_worker_seed(group: object = None) -> int:
+    """webdataset's ``utils.pytorch_worker_seed``: ``rank * 1000 + worker``."""
+    rank, _, worker, _ = pytorch_worker_info(group=group)
+    return rank * 1000 + worker
 
 
 def _source(worker_info_arg: WorkerInfoSource, group: object = None) -> WorkerInfoSource:
