@@ -149,7 +149,7 @@ _MODULE_ALIASES: dict[str, str] = {
     "extradatasets": "pipeline.core",
     "filters": "pipeline.filters",
     "mix": "pipeline.mix",
-    "shardlists": "pytorch",
+    "shardlists": "shardlists",
     "tariterators": "dataset",
     "tenbin": "codecs.tenbin",
     "utils": "utils",
