@@ -149,7 +149,7 @@ _EXPORTS: dict[str, str] = {
 _MODULE_ALIASES: dict[str, str] = {
     "autodecode": "codecs.decoder",
     "compat": "compat",
-    "extradatasets": "pipeline.core",
+    "extradatasets": "extradatasets",
     "filters": "pipeline.filters",
     "mix": "pipeline.mix",
     "shardlists": "shardlists",
