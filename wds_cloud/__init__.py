@@ -156,7 +156,7 @@ _MODULE_ALIASES: dict[str, str] = {
     "tariterators": "dataset",
     "tenbin": "codecs.tenbin",
     "utils": "utils",
-    "writer": "tar.writer",
+    "writer": "writer",
 }
 #: the public classes that webdataset 1.0 makes ``torch.utils.data.IterableDataset``
 #: subclasses: looking one up calls :func:`wds_cloud.torch_datasets.register_torch_datasets` (which

@@ -488,3 +488,28 @@ class WebLoader(DataPipeline, FluidInterface):
         and unchanged objects), or :class:`~wds_cloud.errors.ResumeError` names what
         differs."""
         self._epoched.load_state_dict(dict(state), on_mismatch=on_mismatch)
+
+
+#: webdataset's ``webdataset.pytorch`` names: torch's classes, or empty stand-ins without torch
+_TORCH_NAMES = {"DataLoader": "torch.utils.data", "IterableDataset": "torch.utils.data",
+                "TorchTensor": "torch"}
+
+
+def __getattr__(name: str) -> Any:
+    # imported when looked up, never with this module (``import wds_cloud`` stays torch-free)
+    module = _TORCH_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    try:
+        attr = "Tensor" if name == "TorchTensor" else name
+        value = getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError:  # as webdataset: empty classes when torch is not installed
+        value = type(name, (), {"__doc__": f"Empty stand-in for torch's {name} (no torch)."})
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_TORCH_NAMES))
