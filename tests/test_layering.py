@@ -109,7 +109,7 @@ def test_one_name_one_definition() -> None:
 
 @pytest.mark.parametrize("alias", ["autodecode", "filters", "shardlists", "tariterators", "writer",
                                    "mix", "tenbin", "handlers", "pipeline", "cache", "urls",
-                                   "utils", "extradatasets", "compat"])
+                                   "utils", "extradatasets", "compat", "multi", "typecheck"])
 def test_webdataset_module_paths_are_the_real_modules(alias: str) -> None:
     out = _run(
         "import importlib, sys, wds_cloud\n"

@@ -90,11 +90,17 @@ def _node_from_torch(group: object) -> tuple[int, int]:
     return dist.get_rank(group=group), dist.get_world_size(group=group)
 
 
+#: ``(worker, num_workers)`` of this process when it is a worker of a
+#: :class:`wds_cloud.multi.MultiLoader` (which sets it, as torch sets its worker info in a
+#: DataLoader worker); ``None`` otherwise
+loader_worker: tuple[int, int] | None = None
+
+
 def _worker_from_torch() -> tuple[int, int, int | None]:
     data = _loaded("torch.utils.data")
     info = None if data is None else data.get_worker_info()
     if info is None:
-        return 0, 1, None
+        return (*loader_worker, None) if loader_worker is not None else (0, 1, None)
     return info.id, info.num_workers, info.seed
 
 
@@ -103,7 +109,8 @@ def worker_info(settings: Settings | None = None, *, group: object = None) -> Wo
 
     Rank and world size come from ``RANK``/``WORLD_SIZE`` when both are set, else from
     ``torch.distributed`` (process ``group``, default WORLD) when initialized, else 0/1. Worker
-    and count come from ``WORKER``/``NUM_WORKERS`` when both are set, else from the DataLoader.
+    and count come from ``WORKER``/``NUM_WORKERS`` when both are set, else from the DataLoader
+    (or the :class:`~wds_cloud.multi.MultiLoader`) this process is a worker of.
     ``settings`` defaults to ``Settings.from_env()``.
     """
     s = Settings.from_env() if settings is None else settings
