@@ -300,6 +300,9 @@ def test_shardlists_helpers_do_what_webdatasets_do(monkeypatch: Any) -> None:
 
     monkeypatch.setenv("WDS_BUCKET", "s3://b")
     spec = "${BUCKET}/a-{0..2}.tar::${BUCKET}/c.tar"
+    assert ours.expand_urls(spec) == theirs.expand_urls(spec) == [
+        "s3://b/a-0.tar", "s3://b/a-1.tar", "s3://b/a-2.tar", "s3://b/c.tar"]
+    assert wds_cloud.expand_urls(spec) == ours.expand_urls(spec)
     assert ours.envsubst("${BUCKET}/x") == theirs.envsubst("${BUCKET}/x")
     assert ours.expand("~/$HOME") == theirs.expand("~/$HOME")
     assert ours.without_last_extension("a.b.tar") == theirs.without_last_extension("a.b.tar")
@@ -310,7 +313,6 @@ def test_shardlists_helpers_do_what_webdatasets_do(monkeypatch: Any) -> None:
     assert ours.expand_source(["x"]) == ["x"]
     assert ours.MSSource(name="n").urls == []
     assert [x["url"] for x in wds_cloud.tariterators.shardlist("a{0..2}")] == ["a0", "a1", "a2"]
-    del spec
 
 
 def test_filters_helpers_do_what_webdatasets_do() -> None:
