@@ -353,6 +353,13 @@ def test_cache_defaults_follow_the_environment(monkeypatch: Any, tmp_path: Any) 
     assert (tmp_path / "copy").read_bytes() == src.read_bytes()
     assert cache.magic_filetype(str(src)) == f"{src}: gzip compressed data"
     assert cache.islocal("file:///x") and not cache.islocal("s3://b/x")
+    # set as webdataset users set it (not monkeypatch: it would store the computed value back)
+    cache.default_cache_dir = str(tmp_path / "chosen")
+    try:
+        assert cache.FileCache().cache_dir == str(tmp_path / "chosen")
+    finally:
+        del cache.default_cache_dir
+    assert "default_cache_dir" not in vars(cache)
 
 
 def test_gopen_handlers_run_commands() -> None:

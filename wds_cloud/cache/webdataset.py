@@ -53,7 +53,7 @@ from ..urls import redact
 from .follow import GrowingFile
 from .shardcache import ShardCache
 from .tee import TeeStream
-from .webdataset_files import islocal
+from .webdataset_files import default_cache_dir_of, islocal
 
 if TYPE_CHECKING:
     from ..router import Router
@@ -244,7 +244,7 @@ class FileCache(_Routed):
         self.url_to_name = url_to_name
         self.validator = validator
         self.handler = handler
-        self.cache_dir = cache_dir if cache_dir is not None else env.cache_dir or "./_cache"
+        self.cache_dir = cache_dir if cache_dir is not None else default_cache_dir_of(env)
         self.verbose = verbose
         self.cleaner = LRUCleanup(self.cache_dir, int(size), verbose=verbose,
                                   interval=cache_cleanup_interval) if size > 0 else None

@@ -5,21 +5,23 @@ defaults ``default_cache_dir``, ``default_cache_size`` and ``verbose_cache``.
 webdataset set the defaults from ``WDS_CACHE``, ``WDS_CACHE_SIZE`` and ``WDS_VERBOSE_CACHE``
 when it was imported; nothing is read at import time here, so each is computed from the
 environment (through :class:`~wds_cloud.settings.Settings`) when it is looked up
-(:func:`webdataset_default`). :class:`~wds_cloud.cache.FileCache` reads the same variables when
-it is made.
+(:func:`webdataset_default`). As in webdataset, setting ``wds.cache.default_cache_dir`` changes
+the directory of a :class:`~wds_cloud.cache.FileCache` made without one (the only one of the
+three webdataset's code read).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from typing import Any
 from urllib.parse import urlparse
 
 from ..settings import Settings
 
-__all__ = ["WEBDATASET_DEFAULTS", "download", "get_filetype", "islocal", "magic_filetype",
-           "webdataset_default"]
+__all__ = ["WEBDATASET_DEFAULTS", "default_cache_dir_of", "download", "get_filetype", "islocal",
+           "magic_filetype", "webdataset_default"]
 
 #: the module defaults of webdataset's ``cache`` (see :func:`webdataset_default`)
 WEBDATASET_DEFAULTS = ("default_cache_dir", "default_cache_size", "verbose_cache")
@@ -38,6 +40,14 @@ def webdataset_default(name: str) -> Any:
     if name == "verbose_cache":
         return int(Settings.from_env().verbose_cache)
     raise KeyError(name)
+
+
+def default_cache_dir_of(settings: Settings) -> str:
+    """The directory of a ``FileCache`` made without one: ``wds.cache.default_cache_dir`` when
+    it was set, else ``WDS_CACHE`` (``settings.cache_dir``), else ``./_cache``."""
+    package = sys.modules.get(__name__.rpartition(".")[0])
+    chosen = None if package is None else vars(package).get("default_cache_dir")
+    return str(chosen) if chosen is not None else settings.cache_dir or "./_cache"
 
 
 def islocal(url: str) -> bool:
