@@ -12,7 +12,7 @@ import pytest
 
 import wds_cloud
 
-L0 = ["errors", "settings", "urls", "handlers"]
+L0 = ["errors", "settings", "urls", "handlers", "utils"]
 #: rooms below the stores: no torch, no fsspec, no remote store, no cache
 L2_ROOMS = ["io", "tar", "codecs", "pipeline", "spec"]
 BLOCKED = ("torch", "fsspec", "s3fs", "gcsfs", "adlfs", "aiohttp", "botocore")
