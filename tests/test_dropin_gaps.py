@@ -220,7 +220,7 @@ def test_webdataset_module_paths_utils_extradatasets_compat() -> None:
         "from wds_cloud.extradatasets import MockDataset, with_epoch, with_length\n"
         "from wds_cloud.compat import WebDataset, WebLoader, FluidInterface\n"
         "import wds_cloud.extradatasets as e\n"
-        "assert e is sys.modules['wds_cloud.pipeline.core'] is wds.extradatasets\n"
+        "assert e is sys.modules['wds_cloud.extradatasets'] is wds.extradatasets\n"
         "assert wds.utils is sys.modules['wds_cloud.utils']\n"
         "assert (MockDataset, with_epoch, with_length) == "
         "(wds.MockDataset, wds.with_epoch, wds.with_length)\n"

@@ -12,7 +12,7 @@ import pytest
 
 import wds_cloud
 
-L0 = ["errors", "settings", "urls", "handlers"]
+L0 = ["errors", "settings", "urls", "handlers", "utils"]
 #: rooms below the stores: no torch, no fsspec, no remote store, no cache
 L2_ROOMS = ["io", "tar", "codecs", "pipeline", "spec"]
 BLOCKED = ("torch", "fsspec", "s3fs", "gcsfs", "adlfs", "aiohttp", "botocore")
@@ -109,7 +109,7 @@ def test_one_name_one_definition() -> None:
 
 @pytest.mark.parametrize("alias", ["autodecode", "filters", "shardlists", "tariterators", "writer",
                                    "mix", "tenbin", "handlers", "pipeline", "cache", "urls",
-                                   "utils", "extradatasets", "compat"])
+                                   "utils", "extradatasets", "compat", "multi", "typecheck"])
 def test_webdataset_module_paths_are_the_real_modules(alias: str) -> None:
     out = _run(
         "import importlib, sys, wds_cloud\n"
@@ -132,6 +132,12 @@ def test_patching_a_module_flag_reaches_its_reader() -> None:
 
 
 def test_no_module_shadows_a_public_name() -> None:
-    """Importing ``wds_cloud.X`` sets attribute ``X``: a module named like an export hides it."""
+    """Importing ``wds_cloud.X`` sets attribute ``X``: a module named like an export hides it.
+    The one exception is webdataset's: module ``gopen`` and function ``gopen``, where the
+    package keeps the function (``wds_cloud._Package``; tests/test_webdataset_modules.py)."""
     modules = {m.name for m in pkgutil.iter_modules(wds_cloud.__path__)}
-    assert modules & set(wds_cloud.__all__) == set()
+    assert modules & set(wds_cloud.__all__) == set(wds_cloud._SHADOWED_MODULES) == {"gopen"}
+    out = _run("import wds_cloud.gopen, inspect, wds_cloud\n"
+               "print(inspect.isfunction(wds_cloud.gopen))")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"

@@ -8,6 +8,8 @@ torch or fsspec are imported only when something needs them.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -142,18 +144,19 @@ _EXPORTS: dict[str, str] = {
 # webdataset's module paths: ``import wds_cloud.autodecode`` (or ``wds.autodecode``) gives the
 # module that holds the code (each alias file puts it in ``sys.modules``), so patching a module
 # flag such as ``wds.autodecode.pytorch_weights_only`` reaches the code that reads it.
-# (No module may share a name with a public function: importing it would shadow the function.)
+# (No module may share a name with a public function: importing it would shadow the function;
+# ``gopen`` is the one exception, as in webdataset, see ``_Package``.)
 _MODULE_ALIASES: dict[str, str] = {
     "autodecode": "codecs.decoder",
     "compat": "compat",
-    "extradatasets": "pipeline.core",
+    "extradatasets": "extradatasets",
     "filters": "pipeline.filters",
     "mix": "pipeline.mix",
-    "shardlists": "pytorch",
+    "shardlists": "shardlists",
     "tariterators": "dataset",
     "tenbin": "codecs.tenbin",
     "utils": "utils",
-    "writer": "tar.writer",
+    "writer": "writer",
 }
 #: the public classes that webdataset 1.0 makes ``torch.utils.data.IterableDataset``
 #: subclasses: looking one up calls :func:`wds_cloud.torch_datasets.register_torch_datasets` (which
@@ -170,6 +173,24 @@ _SUBMODULES = frozenset({
 })
 
 __all__ = sorted(_EXPORTS)
+
+#: names that are both a module and a public function of this package, as in webdataset
+_SHADOWED_MODULES = frozenset({"gopen"})
+
+
+class _Package(types.ModuleType):
+    """This package's module type: importing the submodule ``wds_cloud.gopen`` makes the import
+    system bind it as the package attribute ``gopen``; the function keeps that name instead,
+    as in webdataset (where ``webdataset.gopen`` is the function and the module is reached only
+    through ``sys.modules``, ``import webdataset.gopen`` or ``from webdataset.gopen import``)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SHADOWED_MODULES and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -39,6 +39,10 @@ use it or refuse it:
   with ``resampled=True`` a chosen seed (argument or ``WDS_SEED``) makes the resampled shard
   streams reproducible (``ResampledShards(seed=seed, deterministic=True)``; webdataset ignored
   the seed there), while no seed keeps webdataset's non-deterministic resampling.
+
+As webdataset's module path ``webdataset.tariterators`` (an alias of this module) it also holds
+``meta_prefix``, ``meta_suffix``, ``shardlist`` and ``trace``; the debugging switch that
+:func:`group_by_keys` reads is ``wds_cloud.tar.samples.trace`` (its home), not the copy here.
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ from .pipeline import filters, shards
 from .pipeline.core import pipelinefilter
 from .pipeline.epochs import EpochCounter
 from .pipeline.fluid import FluidInterface
+
+# re-exported: webdataset code reaches them as ``wds.tariterators.*``
+from .pipeline.shardnames import shardlist
 from .pipeline.shards import WorkerInfo
 from .pipeline.state import ResumeBook, fingerprint
 from .pytorch import (
@@ -79,13 +86,14 @@ from .shardsource import (
     shardshuffle_size,
 )
 from .tar import samples as tario
-
-# re-exported: webdataset code reaches them as ``wds.tariterators.*``
 from .tar.samples import (
     base_plus_ext,
     group_by_keys,
+    meta_prefix,
+    meta_suffix,
     tar_file_expander,
     tar_file_iterator,
+    trace,
     valid_sample,
 )
 from .urls import redact
@@ -98,12 +106,16 @@ __all__ = [
     "cbors_to_samples",
     "check_empty",
     "group_by_keys",
+    "meta_prefix",
+    "meta_suffix",
     "msgpacks_to_samples",
     "read_shards",
+    "shardlist",
     "tar_file_expander",
     "tar_file_iterator",
     "tarfile_samples",
     "tarfile_to_samples",
+    "trace",
     "url_opener",
     "valid_sample",
 ]

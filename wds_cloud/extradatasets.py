@@ -1,13 +1,15 @@
-"""webdataset's module path ``webdataset.extradatasets``: an alias of
-:mod:`wds_cloud.pipeline.core` (``MockDataset``, ``repeatedly``, ``with_epoch``, ``with_length``).
+"""webdataset's module path ``webdataset.extradatasets``: ``MockDataset``, ``with_epoch``,
+``with_length``, ``PipelineStage`` and the stage class ``repeatedly``, under that one name.
 
-Importing it puts that module in ``sys.modules`` under this name, so attributes set here
-(``wds_cloud.extradatasets.X = ...``) are the ones its code reads.
+A module of re-exports, not an alias of :mod:`wds_cloud.pipeline.core`: there, as at the top
+level (``wds.repeatedly``, webdataset's ``utils.repeatedly``), ``repeatedly`` is the generator
+function; webdataset's ``extradatasets.repeatedly`` is a stage class, which is
+:class:`~wds_cloud.pipeline.curried.RepeatedStage` here. It has no flags to patch.
 """
 
-import sys
+from .pipeline.core import MockDataset, PipelineStage, with_epoch, with_length
+from .pipeline.curried import RepeatedStage
 
-from .pipeline import core as _module
-from .pipeline.core import *  # noqa: F403  (the names, for type checkers)
+repeatedly = RepeatedStage
 
-sys.modules[__name__] = _module
+__all__ = ["MockDataset", "PipelineStage", "repeatedly", "with_epoch", "with_length"]

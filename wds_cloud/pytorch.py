@@ -60,6 +60,8 @@ __all__ = [
     "WorkerInfo",
     "derive_seed",
     "non_empty",
+    "pytorch_worker_info",
+    "pytorch_worker_seed",
     "register_torch_datasets",
     "resampled",
     "set_epoch",
@@ -88,11 +90,17 @@ def _node_from_torch(group: object) -> tuple[int, int]:
     return dist.get_rank(group=group), dist.get_world_size(group=group)
 
 
+#: ``(worker, num_workers)`` of this process when it is a worker of a
+#: :class:`wds_cloud.multi.MultiLoader` (which sets it, as torch sets its worker info in a
+#: DataLoader worker); ``None`` otherwise
+loader_worker: tuple[int, int] | None = None
+
+
 def _worker_from_torch() -> tuple[int, int, int | None]:
     data = _loaded("torch.utils.data")
     info = None if data is None else data.get_worker_info()
     if info is None:
-        return 0, 1, None
+        return (*loader_worker, None) if loader_worker is not None else (0, 1, None)
     return info.id, info.num_workers, info.seed
 
 
@@ -101,7 +109,8 @@ def worker_info(settings: Settings | None = None, *, group: object = None) -> Wo
 
     Rank and world size come from ``RANK``/``WORLD_SIZE`` when both are set, else from
     ``torch.distributed`` (process ``group``, default WORLD) when initialized, else 0/1. Worker
-    and count come from ``WORKER``/``NUM_WORKERS`` when both are set, else from the DataLoader.
+    and count come from ``WORKER``/``NUM_WORKERS`` when both are set, else from the DataLoader
+    (or the :class:`~wds_cloud.multi.MultiLoader`) this process is a worker of.
     ``settings`` defaults to ``Settings.from_env()``.
     """
     s = Settings.from_env() if settings is None else settings
@@ -113,6 +122,21 @@ def worker_info(settings: Settings | None = None, *, group: object = None) -> Wo
     if s.worker is not None and s.num_workers is not None:
         worker, num_workers = s.worker, s.num_workers
     return WorkerInfo(rank, world_size, worker, num_workers, seed)
+
+
+def pytorch_worker_info(group: object = None) -> tuple[int, int, int, int]:
+    """webdataset's ``utils.pytorch_worker_info``: ``(rank, world_size, worker, num_workers)``
+    of this process, found as :func:`worker_info` finds them (``RANK``/``WORLD_SIZE``, else
+    ``torch.distributed`` in process ``group``; ``WORKER``/``NUM_WORKERS``, else the
+    DataLoader worker), read now."""
+    info = worker_info(group=group)
+    return info.rank, info.world_size, info.worker, info.num_workers
+
+
+def pytorch_worker_seed(group: object = None) -> int:
+    """webdataset's ``utils.pytorch_worker_seed``: ``rank * 1000 + worker``."""
+    rank, _, worker, _ = pytorch_worker_info(group=group)
+    return rank * 1000 + worker
 
 
 def _source(worker_info_arg: WorkerInfoSource, group: object = None) -> WorkerInfoSource:
@@ -471,3 +495,28 @@ class WebLoader(DataPipeline, FluidInterface):
         and unchanged objects), or :class:`~wds_cloud.errors.ResumeError` names what
         differs."""
         self._epoched.load_state_dict(dict(state), on_mismatch=on_mismatch)
+
+
+#: webdataset's ``webdataset.pytorch`` names: torch's classes, or empty stand-ins without torch
+_TORCH_NAMES = {"DataLoader": "torch.utils.data", "IterableDataset": "torch.utils.data",
+                "TorchTensor": "torch"}
+
+
+def __getattr__(name: str) -> Any:
+    # imported when looked up, never with this module (``import wds_cloud`` stays torch-free)
+    module = _TORCH_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    try:
+        attr = "Tensor" if name == "TorchTensor" else name
+        value = getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError:  # as webdataset: empty classes when torch is not installed
+        value = type(name, (), {"__doc__": f"Empty stand-in for torch's {name} (no torch)."})
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_TORCH_NAMES))

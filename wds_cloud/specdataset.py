@@ -16,8 +16,9 @@ import functools
 import logging
 import os
 import random
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
@@ -32,14 +33,58 @@ from .spec.build import SpecEpochShards, SpecMix, SpecShardMix
 from .spec.quota import SpecSampleEpochs
 from .specshards import Listed, list_source
 from .tar.shardloop import ShardCursor
-from .urls import merge_scheme_options
+from .urls import merge_scheme_options, substitute_vars
 
-__all__ = ["MultiShardSample", "spec_source"]
+__all__ = ["MSSource", "MultiShardSample", "default_rng", "envlookup", "envsubst", "expand",
+           "spec_source"]
 
 log = logging.getLogger(__name__)
 
 Sample = dict[str, Any]
 SpecLike = str | os.PathLike[str] | Mapping[str, Any] | DatasetSpec
+
+#: webdataset's ``shardlists.default_rng``, a module-level ``random.Random()`` that
+#: webdataset's ``MultiShardSample`` drew from; nothing in wds_cloud draws from it
+default_rng = random.Random()
+
+
+@dataclass
+class MSSource:
+    """webdataset's description of one source of a ``MultiShardSample`` spec: its ``name``,
+    ``urls``, shards drawn per epoch (``perepoch``, -1: all) and whether they are drawn with
+    replacement (``resample``)."""
+
+    name: str = ""
+    perepoch: int = -1
+    resample: bool = False
+    urls: list[str] = field(default_factory=list)
+
+
+def envlookup(m: re.Match[str]) -> str:
+    """The value of ``WDS_<m.group(1)>`` (read now); a variable that is not set raises
+    :class:`~wds_cloud.errors.ConfigError`."""
+    return envsubst(m.group(0))
+
+
+def envsubst(s: str) -> str:
+    """``s`` with each ``${NAME}`` replaced by the value of ``WDS_NAME`` (read now)."""
+    return substitute_vars(s, Settings.from_env().url_vars)
+
+
+_ENV_VAR = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
+def expand(s: str) -> str:
+    """``s`` with ``~`` and ``$VAR``/``${VAR}`` expanded, as ``os.path.expanduser(os.path.
+    expandvars(s))`` does (a variable that is not set stays as written); the variables are
+    read now."""
+    environ = Settings.from_env().environ
+
+    def lookup(m: re.Match[str]) -> str:
+        name = m.group(1).strip("{}")
+        return environ.get(name, m.group(0))
+
+    return os.path.expanduser(_ENV_VAR.sub(lookup, s))
 
 
 

@@ -27,7 +27,7 @@ from .pipeline import core as pipeline
 from .pipeline import shards
 from .pipeline.directory import DirectoryShardList
 
-__all__ = ["TorchDataset", "register_torch_datasets"]
+__all__ = ["TorchDataset", "add_length_method", "register_torch_datasets"]
 
 log = logging.getLogger(__name__)
 
@@ -124,3 +124,20 @@ class TorchDataset:
     def __setstate__(self, state: dict[str, Any]) -> None:
         register_torch_datasets()
         self.__dict__.update(state)
+
+
+def add_length_method(obj: Any) -> Any:
+    """webdataset's ``pipeline.add_length_method``: change ``obj``'s class to a subclass whose
+    ``len(obj)`` is ``obj.size``, and that is a torch ``IterableDataset`` (when this process has
+    loaded torch; wds_cloud's datasets are one anyway); returns ``obj``."""
+
+    def length(self: Any) -> int:
+        return int(self.size)
+
+    cls = obj.__class__
+    iterable_dataset = getattr(sys.modules.get(_TORCH_DATASET_MODULE), "IterableDataset", None)
+    bases: tuple[type, ...] = (cls,)
+    if iterable_dataset is not None and not issubclass(cls, iterable_dataset):
+        bases = (cls, iterable_dataset)
+    obj.__class__ = type(cls.__name__ + "_Length", bases, {"__len__": length})
+    return obj

@@ -96,7 +96,9 @@ def expand_urls(
 
     ``spec`` is a string or an iterable of strings. Each string may join several lists with
     ``::``, use ``${NAME}`` for the environment variable ``WDS_NAME`` and brace patterns such as
-    ``shard-{000000..000099}.tar``.
+    ``shard-{000000..000099}.tar``. The variables are ``url_vars`` (``NAME`` -> value); without
+    it, as webdataset's ``expand_urls(url)``, the environment's ``WDS_*`` variables, read
+    (through :class:`~wds_cloud.settings.Settings`) only when a ``${NAME}`` needs one.
     """
     parts = spec.split("::") if isinstance(spec, str) else list(spec)
     result: list[str] = []
@@ -104,7 +106,11 @@ def expand_urls(
         if not isinstance(part, str):
             raise ConfigError(f"shard URLs must be strings, got {part!r} in {spec!r}")
         if "${" in part:
-            part = substitute_vars(part, url_vars or {})
+            if url_vars is None:  # called as webdataset's expand_urls(url): a composition root
+                from .settings import Settings
+
+                url_vars = Settings.from_env().url_vars
+            part = substitute_vars(part, url_vars)
         if "{" in part:
             try:
                 result.extend(braceexpand.braceexpand(part))

@@ -1,12 +1,48 @@
-"""webdataset's module path ``webdataset.writer``: an alias of :mod:`wds_cloud.tar.writer`.
+"""webdataset's module path ``webdataset.writer``: ``TarWriter``, ``ShardWriter``, the encoders
+by extension (``make_handlers``, ``encode_based_on_extension``, ``numpy_dumps``, ...) and
+``gopen``, under that one name.
 
-Importing it puts that module in ``sys.modules`` under this name, so attributes set here
-(``wds_cloud.writer.X = ...``) are the ones its code reads.
+A module of re-exports, not an alias: webdataset kept these together, here the writers live in
+:mod:`wds_cloud.tar.writer`, the encoders in :mod:`wds_cloud.codecs.encoder` (with their one
+mutable table, ``default_handlers``, which the writers read from there) and ``gopen`` in
+:mod:`wds_cloud.router`.
 """
 
-import sys
+from .codecs.encoder import (
+    add_handlers,
+    bytestr,
+    cbor_dumps,
+    default_handlers,
+    encode_based_on_extension,
+    encode_based_on_extension1,
+    imageencoder,
+    make_encoder,
+    make_handlers,
+    mp_dumps,
+    numpy_dumps,
+    numpy_npz_dumps,
+    tenbin_dumps,
+    torch_dumps,
+)
+from .router import gopen
+from .tar.writer import ShardWriter, TarWriter
 
-from .tar import writer as _module
-from .tar.writer import *  # noqa: F403  (the names, for type checkers)
-
-sys.modules[__name__] = _module
+__all__ = [
+    "ShardWriter",
+    "TarWriter",
+    "add_handlers",
+    "bytestr",
+    "cbor_dumps",
+    "default_handlers",
+    "encode_based_on_extension",
+    "encode_based_on_extension1",
+    "gopen",
+    "imageencoder",
+    "make_encoder",
+    "make_handlers",
+    "mp_dumps",
+    "numpy_dumps",
+    "numpy_npz_dumps",
+    "tenbin_dumps",
+    "torch_dumps",
+]

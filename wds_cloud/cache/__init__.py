@@ -6,6 +6,10 @@ disk, eviction and admin; and webdataset's ``webdataset.cache`` names on top of 
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..handlers import reraise_exception
+from ..utils import obsolete
 from .admin import (
     Problem,
     clear,
@@ -44,6 +48,14 @@ from .webdataset import (
     pipe_cleaner,
     url_to_cache_name,
 )
+from .webdataset_files import (
+    WEBDATASET_DEFAULTS,
+    download,
+    get_filetype,
+    islocal,
+    magic_filetype,
+    webdataset_default,
+)
 
 __all__ = [
     "DISK_BLOCK",
@@ -69,11 +81,17 @@ __all__ = [
     "check_record",
     "check_tar_format",
     "clear",
+    "download",
     "entries",
     "footprint",
+    "get_filetype",
+    "islocal",
+    "magic_filetype",
+    "obsolete",
     "pipe_cleaner",
     "prune",
     "recover",
+    "reraise_exception",
     "url_key",
     "url_to_cache_name",
     "usage",
@@ -81,3 +99,15 @@ __all__ = [
     "wait_downloads",
     "wait_fills",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # webdataset's module defaults, computed from the environment when looked up (never at
+    # import time): see wds_cloud.cache.webdataset_files
+    if name in WEBDATASET_DEFAULTS:
+        return webdataset_default(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(WEBDATASET_DEFAULTS))

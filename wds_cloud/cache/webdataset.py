@@ -53,6 +53,7 @@ from ..urls import redact
 from .follow import GrowingFile
 from .shardcache import ShardCache
 from .tee import TeeStream
+from .webdataset_files import default_cache_dir_of, islocal
 
 if TYPE_CHECKING:
     from ..router import Router
@@ -105,10 +106,6 @@ def check_tar_format(fname: str) -> bool:
     """Whether ``fname`` starts as a POSIX tar archive or gzip data does (webdataset's default
     validator: other compressions and pre-POSIX tar files fail it)."""
     return _filetype(fname)[0] != "data"
-
-
-def _islocal(url: str) -> bool:
-    return urlparse(url).scheme in ("", "file")
 
 
 def _url_of(item: Any) -> str:
@@ -213,7 +210,7 @@ class StreamingOpen(_Routed):
             if self.verbose:
                 log.info("opened %s", redact(url))
             out: Sample = {"url": url, "stream": stream}
-            if _islocal(url):
+            if islocal(url):
                 out["local_path"] = urlparse(url).path
             yield out
 
@@ -247,7 +244,7 @@ class FileCache(_Routed):
         self.url_to_name = url_to_name
         self.validator = validator
         self.handler = handler
-        self.cache_dir = cache_dir if cache_dir is not None else env.cache_dir or "./_cache"
+        self.cache_dir = cache_dir if cache_dir is not None else default_cache_dir_of(env)
         self.verbose = verbose
         self.cleaner = LRUCleanup(self.cache_dir, int(size), verbose=verbose,
                                   interval=cache_cleanup_interval) if size > 0 else None
@@ -261,7 +258,7 @@ class FileCache(_Routed):
         (and validated) first if need be. It is not locked against eviction: read it soon, or
         read the URL through this object. Raises :class:`~wds_cloud.errors.CacheError` if the
         URL cannot be cached (``pipe:``, larger than the cache, no size)."""
-        if _islocal(url) and not self._settings.cache_local:
+        if islocal(url) and not self._settings.cache_local:
             return urlparse(url).path
         router = self._route()
         cache, resolved = router.cache(), router.resolve(url)
@@ -291,7 +288,7 @@ class FileCache(_Routed):
 
     def _open(self, url: str) -> Sample:
         router = self._route()
-        if _islocal(url) and not self._settings.cache_local:
+        if islocal(url) and not self._settings.cache_local:
             return {"url": url, "stream": router.open(url), "local_path": urlparse(url).path}
         stream = router.open(url)
         out: Sample = {"url": url, "stream": stream}

@@ -357,3 +357,7 @@ def __getattr__(name: str) -> Any:
         value = globals()["default_decoder"] = Decoder([])
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"default_decoder"})

@@ -7,19 +7,54 @@ NUL-padded ASCII, then ``ndim`` and the dimensions) and the raw C-order data.
 
 Unlike webdataset 1.0.2, ``uint32`` works (its table misspells it) and non-contiguous arrays
 are made contiguous instead of failing.
+
+webdataset's whole ``tenbin`` module is here too, with its names: files (``save``/``load``,
+``.ten``), streams (``write``/``read``, chunk by chunk), and the pieces (``encode_list``,
+``encode_chunks``, ``str64``, ...), all writing and reading the same format as
+:func:`encode_buffer`/:func:`decode_buffer`. (webdataset's ``check_acceptable_input_type``
+raised for every type that is *not* 64-bit; here it refuses the 64-bit ones unless
+``allow64``, as its message says.)
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
-from typing import Any
+import sys
+from collections.abc import Iterable, Sequence
+from typing import IO, Any
 
 import numpy as np
 
 from ..errors import ShardFormatError
 
-__all__ = ["decode_buffer", "encode_buffer"]
+__all__ = [
+    "bytedata",
+    "bytelen",
+    "check_acceptable_input_type",
+    "check_infos",
+    "decode_buffer",
+    "decode_chunks",
+    "decode_header",
+    "decode_list",
+    "encode_buffer",
+    "encode_chunks",
+    "encode_header",
+    "encode_list",
+    "load",
+    "long_to_short",
+    "magic",
+    "magic_bytes",
+    "magic_str",
+    "read",
+    "read_chunk",
+    "roundup",
+    "save",
+    "short_to_long",
+    "str64",
+    "unstr64",
+    "write",
+    "write_chunk",
+]
 
 _MAGIC = b"~TenBin~"
 _ALIGN = 64
@@ -101,3 +136,189 @@ def decode_buffer(
         arrays.append(np.frombuffer(data, dtype=dtype, count=int(np.prod(shape))).reshape(shape))
         labels.append(bytes(header[8:16]).rstrip(b"\0").decode("ascii", "replace"))
     return (arrays, labels) if infos else arrays
+
+
+#: dtype name -> tenbin code, and back (webdataset's tables, with ``uint32`` spelled right)
+long_to_short: dict[str, str] = dict(_CODES)
+short_to_long: dict[str, str] = {v: k for k, v in long_to_short.items()}
+#: the chunk marker, as text, as the int64 webdataset compares and as bytes
+magic_str = _MAGIC.decode("ascii")
+magic: int = _LEN.unpack(_MAGIC)[0]
+magic_bytes: bytes = _MAGIC
+
+
+def bytelen(a: Any) -> int:
+    """The size in bytes of an array (``nbytes``) or of bytes."""
+    if hasattr(a, "nbytes"):
+        return int(a.nbytes)
+    if isinstance(a, (bytearray, bytes)):
+        return len(a)
+    raise ValueError(a, "cannot determine nbytes")
+
+
+def bytedata(a: Any) -> Any:
+    """The bytes of bytes, or the buffer (``.data``) of an array."""
+    if isinstance(a, (bytearray, bytes, memoryview)):
+        return a
+    if hasattr(a, "data"):
+        return a.data
+    raise ValueError(a, "cannot return bytedata")
+
+
+def check_acceptable_input_type(data: Iterable[Any], allow64: bool) -> None:
+    """Raise ``ValueError`` for an array tenbin cannot store, or a 64-bit one unless
+    ``allow64``."""
+    for a in data:
+        if a.dtype.name not in long_to_short:
+            raise ValueError(f"tenbin cannot store dtype {a.dtype.name}")
+        if not allow64 and a.dtype.name in ("float64", "int64", "uint64"):
+            raise ValueError("64 bit datatypes not allowed unless explicitly enabled")
+
+
+def str64(s: str) -> int:
+    """Up to 8 ASCII characters as one int64 (NUL-padded), as tenbin headers store them."""
+    result: int = _LEN.unpack(_str8(s))[0]
+    return result
+
+
+def unstr64(i: int) -> str:
+    """The inverse of :func:`str64`."""
+    return _LEN.pack(int(i)).decode("ascii").strip("\0")
+
+
+def check_infos(data: list[Any], infos: list[str], required_infos: Any = None) -> Any:
+    """``data``, or ``(data, infos)`` when ``required_infos`` is True; a list of required
+    infos must match ``infos`` one by one (``ValueError`` otherwise)."""
+    if required_infos is False or required_infos is None:
+        return data
+    if required_infos is True:
+        return data, infos
+    if not isinstance(required_infos, (tuple, list)):
+        raise ValueError("required_infos must be tuple or list")
+    for required, actual in zip(required_infos, infos, strict=False):
+        if required != actual:
+            raise ValueError(f"actual info {actual} doesn't match required info {required}")
+    return data
+
+
+def encode_header(a: Any, info: str = "") -> bytes:
+    """The header chunk of array ``a``: dtype code, ``info``, rank and shape as int64s."""
+    if a.ndim >= 10:
+        raise ValueError("too many dimensions")
+    if a.dtype.name not in long_to_short:
+        raise ValueError("unsupported array type")
+    header = [str64(long_to_short[a.dtype.name]), str64(info), a.ndim, *a.shape]
+    return struct.pack(f"<{len(header)}q", *header)
+
+
+def decode_header(h: Any) -> tuple[tuple[int, ...], np.dtype[Any], str]:
+    """``(shape, dtype, info)`` of a header chunk."""
+    values = np.frombuffer(h, dtype="<i8")
+    code = unstr64(int(values[0]))
+    if code not in short_to_long:
+        raise ValueError("unsupported array type")
+    rank = int(values[2])
+    return tuple(int(d) for d in values[3 : 3 + rank]), np.dtype(short_to_long[code]), \
+        unstr64(int(values[1]))
+
+
+def encode_list(arrays: Sequence[Any], infos: Sequence[str] | None = None) -> list[Any]:
+    """The chunks of ``arrays``: a header and the data of each (``infos`` repeat if short)."""
+    labels = list(infos) if infos is not None else [""]
+    if infos is not None and len(labels) != len(arrays):
+        raise ValueError(f"length of list {arrays} must match length of infos {labels}")
+    result: list[Any] = []
+    for i, item in enumerate(arrays):
+        a = np.ascontiguousarray(item)
+        result += [encode_header(a, labels[i % len(labels)]), a.tobytes()]
+    return result
+
+
+def decode_list(chunks: Sequence[Any], infos: Any = False) -> Any:
+    """The arrays of header and data chunks (see :func:`check_infos` for ``infos``)."""
+    result, labels = [], []
+    for header, data in zip(chunks[::2], chunks[1::2], strict=False):
+        shape, dtype, info = decode_header(header)
+        count = int(np.prod(shape))
+        result.append(np.frombuffer(data, dtype=dtype, count=count).reshape(shape))
+        labels.append(info)
+    return check_infos(result, labels, infos)
+
+
+def roundup(n: int, k: int = 64) -> int:
+    """``n`` rounded up to a multiple of ``k``."""
+    return k * ((n + k - 1) // k)
+
+
+def encode_chunks(chunks: Iterable[Any]) -> bytearray:
+    """Chunks as one buffer: each marked, counted and padded to 64 bytes."""
+    result = bytearray()
+    for b in chunks:
+        n = bytelen(b)
+        result += _MAGIC + _LEN.pack(n) + bytes(bytedata(b)) + _padding(n)
+    return result
+
+
+def decode_chunks(buf: bytes | bytearray | memoryview) -> list[memoryview]:
+    """The chunks of a buffer (``ShardFormatError``, a ``ValueError``, if it is not one)."""
+    return _chunks(buf)
+
+
+def write_chunk(stream: IO[bytes], buf: Any) -> None:
+    """Write one chunk of ``buf`` to ``stream``."""
+    n = bytelen(buf)
+    stream.write(_MAGIC + _LEN.pack(n))
+    stream.write(bytedata(buf))
+    stream.write(_padding(n))
+
+
+def read_chunk(stream: IO[bytes]) -> bytes | None:
+    """Read one chunk from ``stream``; ``None`` at its end."""
+    mark = stream.read(8)
+    if mark == b"":
+        return None
+    if mark != _MAGIC:
+        raise ValueError("magic number does not match")
+    (nbytes,) = _LEN.unpack(stream.read(8))
+    if nbytes < 0:
+        raise ValueError("negative nbytes")
+    data = stream.read(nbytes)
+    stream.read(-nbytes % _ALIGN)
+    return data
+
+
+def write(stream: IO[bytes], arrays: Sequence[Any], infos: Sequence[str] | None = None) -> None:
+    """Write ``arrays`` to ``stream``, chunk by chunk."""
+    for chunk in encode_list(arrays, infos=infos):
+        write_chunk(stream, chunk)
+
+
+def read(stream: IO[bytes], n: int = sys.maxsize, infos: Any = False) -> Any:
+    """Read up to ``n`` arrays from ``stream`` (see :func:`check_infos` for ``infos``)."""
+    chunks: list[bytes] = []
+    for _ in range(n):
+        header = read_chunk(stream)
+        if header is None:
+            break
+        data = read_chunk(stream)
+        if data is None:
+            raise ValueError("premature EOF")
+        chunks += [header, data]
+    return decode_list(chunks, infos=infos)
+
+
+def save(fname: str, *args: Any, infos: Sequence[str] | None = None, nocheck: bool = False) -> None:
+    """Save the arrays ``args`` in file ``fname`` (which must end in ``.ten`` unless
+    ``nocheck``)."""
+    if not nocheck and not fname.endswith(".ten"):
+        raise ValueError("file name should end in .ten")
+    with open(fname, "wb") as stream:
+        write(stream, args, infos=infos)
+
+
+def load(fname: str, infos: Any = False, nocheck: bool = False) -> Any:
+    """The arrays saved in file ``fname`` (see :func:`save`)."""
+    if not nocheck and not fname.endswith(".ten"):
+        raise ValueError("file name should end in .ten")
+    with open(fname, "rb") as stream:
+        return read(stream, infos=infos)

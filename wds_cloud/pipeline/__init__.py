@@ -151,11 +151,20 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # webdataset's ``webdataset.pipeline.DataPipeline`` is the torch-aware class, which lives a
-    # layer up; it is looked up only when asked for, so importing this package stays torch-free
-    if name == "DataPipeline":
-        from ..pytorch import DataPipeline
+#: webdataset's ``webdataset.pipeline`` names that live a layer up (the torch-aware
+#: ``DataPipeline`` and ``add_length_method``): looked up only when asked for, so importing
+#: this package stays torch-free
+_ABOVE = {"DataPipeline": "pytorch", "add_length_method": "torch_datasets"}
 
-        return DataPipeline
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str) -> object:
+    module = _ABOVE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"..{module}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ABOVE))

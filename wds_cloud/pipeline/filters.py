@@ -31,32 +31,50 @@ from ..errors import ConfigError
 from ..handlers import Handler, reraise_exception
 from .batching import batched, combine_values, default_collation_fn, listed, unbatched, unlisted
 from .core import PipelineStage, pipelinefilter
+from .curried import FilterFunction, RestCurried, compose2, pipeline
 from .keys import (
+    decode_bin,
+    decode_pickle,
+    decode_text,
+    default_decoders,
+    dict2tuple,
     extract_keys,
+    find_decoder,
     getfirst,
     identity,
     map_tuple,
+    parse_field_spec,
     rename,
     rename_keys,
     to_tuple,
     transform_with,
+    tuple2dict,
     xdecode,
 )
 from .samplecache import Cached, LMDBCached
 
 __all__ = [
     "Cached",
+    "FilterFunction",
     "LMDBCached",
+    "RestCurried",
     "associate",
     "batched",
     "buffer_shuffle",
     "check_bufsize",
     "combine_values",
     "compose",
+    "compose2",
     "decode",
+    "decode_bin",
+    "decode_pickle",
+    "decode_text",
     "default_collation_fn",
+    "default_decoders",
     "detshuffle",
+    "dict2tuple",
     "extract_keys",
+    "find_decoder",
     "getfirst",
     "identity",
     "info",
@@ -65,6 +83,9 @@ __all__ = [
     "map",
     "map_dict",
     "map_tuple",
+    "parse_field_spec",
+    "pick",
+    "pipeline",
     "pipelinefilter",
     "rename",
     "rename_keys",
@@ -74,6 +95,7 @@ __all__ = [
     "slice",
     "to_tuple",
     "transform_with",
+    "tuple2dict",
     "unbatched",
     "unlisted",
     "xdecode",
@@ -166,6 +188,16 @@ def check_bufsize(bufsize: object) -> int:
     if isinstance(bufsize, bool) or not isinstance(bufsize, int) or bufsize < 1:
         raise ConfigError(f"shuffle: bufsize must be a positive integer, got {bufsize!r}")
     return bufsize
+
+
+def pick(buf: list[Any], rng: Any) -> Any:
+    """Remove a random item of ``buf`` (``rng.randint``) and return it; the last item takes
+    its place (webdataset's shuffle-buffer step)."""
+    k = rng.randint(0, len(buf) - 1)
+    sample = buf[k]
+    buf[k] = buf[-1]
+    buf.pop()
+    return sample
 
 
 def buffer_shuffle(it: Iterable[Any], bufsize: int, initial: int, rng: Any) -> Iterator[Any]:

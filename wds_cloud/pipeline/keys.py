@@ -25,15 +25,18 @@ __all__ = [
     "decode_pickle",
     "decode_text",
     "default_decoders",
+    "dict2tuple",
     "extract_keys",
     "find_decoder",
     "getfirst",
     "identity",
     "map_tuple",
+    "parse_field_spec",
     "rename",
     "rename_keys",
     "to_tuple",
     "transform_with",
+    "tuple2dict",
     "xdecode",
 ]
 
@@ -311,6 +314,26 @@ def find_decoder(decoders: Sequence[tuple[str, Any]], path: str) -> Any:
         if fnmatch(fname, pattern) or fnmatch("." + fname, pattern):
             return fun
     return None
+
+
+def parse_field_spec(fields: str | Sequence[str]) -> list[list[str]]:
+    """webdataset's field spec as lists of alternatives: ``"jpg;png cls"`` (or
+    ``["jpg;png", "cls"]``) -> ``[["jpg", "png"], ["cls"]]``."""
+    if isinstance(fields, str):
+        fields = fields.split()
+    return [field.split(";") for field in fields]
+
+
+def tuple2dict(values: Any) -> dict[Any, Any]:
+    """A tuple or list as ``{0: values[0], 1: values[1], ...}``; a dict as it is."""
+    if isinstance(values, dict):
+        return values
+    return dict(enumerate(values))
+
+
+def dict2tuple(d: Mapping[int, Any]) -> tuple[Any, ...]:
+    """The inverse of :func:`tuple2dict`: ``d[0], d[1], ... d[max key]``."""
+    return tuple(d[i] for i in range(1 + max(d.keys())))
 
 
 def identity(x: Any) -> Any:

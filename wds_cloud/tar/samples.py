@@ -60,6 +60,7 @@ __all__ = [
     "open_shards",
     "tar_file_expander",
     "tar_file_iterator",
+    "trace",
     "valid_sample",
 ]
 
@@ -67,6 +68,9 @@ log = logging.getLogger(__name__)
 
 meta_prefix = "__"
 meta_suffix = "__"
+#: webdataset's debugging switch: when true, :func:`group_by_keys` logs each member's prefix,
+#: suffix and the keys of the sample it is grouping at DEBUG (webdataset printed them)
+trace = False
 _SKIP_META = r"__[^/]*__($|/)"
 _META = re.compile(_SKIP_META)
 _BASE_PLUS_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -353,6 +357,9 @@ def group_by_keys(
             continue
         if lcase:
             suffix = suffix.lower()
+        if trace:
+            log.debug("group_by_keys: %s %s %s", prefix, suffix,
+                      None if current is None else list(current))
         if current is None or prefix != current["__key__"]:
             if current is not None and valid_sample(current):
                 yield current
