@@ -20,6 +20,7 @@ from subprocess import PIPE, Popen
 from typing import Any
 
 from ..errors import PipeError, UnsafeURLError
+from . import verbose
 
 __all__ = [
     "Pipe",
@@ -37,8 +38,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: webdataset's ``gopen.info``: extra context shown in a failed command's message
-info: dict[str, Any] = {}
+#: webdataset's ``gopen.info``: extra context shown in a failed command's message and in the
+#: GOPEN_VERBOSE lines (one dict: :mod:`.verbose` prints it)
+info = verbose.info
 
 
 class Pipe:
