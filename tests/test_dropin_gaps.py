@@ -195,14 +195,18 @@ def _urls(shards: Any) -> list[str]:
 
 @pytest.mark.parametrize("seed", [0, 1, 7, 2**40 + 3])
 def test_a_seeded_shard_list_starts_in_webdatasets_order(seed: int) -> None:
-    """Users reproduce published runs when they switch: the first epoch is webdataset's
-    ``random.Random(seed).shuffle``; later epochs still get new orders (webdataset repeats)."""
+    """Users reproduce published runs when they switch: every iteration is webdataset's
+    ``random.Random(seed).shuffle``, also after the seed is changed; only ``set_epoch``
+    (wds_cloud's, which WebLoader calls) gives later epochs new orders."""
     spec = "s-{000..099}.tar"
     ours = wds.SimpleShardList(spec, seed=seed)
     theirs = webdataset.SimpleShardList(spec, seed=seed)
     first = _urls(ours)
     assert first == _urls(theirs)
-    assert _urls(ours) != first
+    assert _urls(ours) == first
+    ours.seed = theirs.seed = seed + 1
+    assert _urls(ours) == _urls(theirs) != first
+    ours.seed = seed
     after_set_epoch = wds.SimpleShardList(spec, seed=seed)
     after_set_epoch.set_epoch(0)
     assert _urls(after_set_epoch) == first

@@ -373,7 +373,8 @@ def _rewrite(url: str, rules: tuple[RewriteRule, ...], source: str) -> str:
     if resolved != url and utils.refuses_sources():
         raise UnsafeURLError(
             f"refusing to rewrite {redact(url)!r} to {redact(resolved)!r} with the {source} "
-            f"rules: {utils.why_refused()}")
+            f"rules: {utils.why_refused()} (webdataset: rewrite_url: unsafe_gopen is False, "
+            "cannot rewrite URLs using environment variables)")
     return resolved
 
 
@@ -382,17 +383,21 @@ def _refuse_unsafe(url: str, resolved: str, secure: bool) -> None:
     if resolved == "-":
         return
     scheme = split_scheme(resolved)[0]
+    # webdataset's words for each refusal, kept in ours for code that matches on them
     if scheme == "pipe" and utils.refuses_code(secure):
         what = "a pipe: URL, which runs a shell command"
+        theirs = "gopen_pipe: unsafe_gopen is False, cannot open pipe URLs"
     elif scheme in ("", "file") and utils.refuses_sources():
         what = "a local path" if not scheme else "a file: URL"
+        theirs = "gopen: unsafe_gopen is False, cannot open local files"
     else:
         return
     shown = repr(redact(resolved))
     if resolved != url:
         shown += f" (rewritten from {redact(url)!r})"
     raise UnsafeURLError(f"refusing to open {shown}, {what}: "
-                         f"{utils.why_refused(source='WDS_SECURE=1', undo='unset WDS_SECURE')}")
+                         f"{utils.why_refused(source='WDS_SECURE=1', undo='unset WDS_SECURE')}"
+                         f" (webdataset: {theirs})")
 
 
 def gopen(

@@ -118,13 +118,29 @@ def test_select_oldest_and_a_seeded_random_order(tmp_path: Path) -> None:
     assert orders[0] != sorted(orders[0])  # drawn, not listed
 
 
-def test_a_shard_left_half_read_goes_back_to_the_pool(tmp_path: Path) -> None:
-    _shards(tmp_path, 3)
-    it = iter(wds.DirectoryShardList(str(tmp_path), mode="unlink", poll=None))
+def test_a_shard_left_half_read_stays_claimed_as_in_webdataset(tmp_path: Path) -> None:
+    """An iterator closed while it holds a shard neither recycles it (it may not have been
+    read) nor gives it back (this process may still be reading it): the claim stays until
+    the iterator moves past it, or until this process is gone (then it goes back)."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for d in (ours, theirs):
+        d.mkdir()
+        _shards(d, 3)
+    pid = os.getpid()
+    it = iter(wds.DirectoryShardList(str(ours), mode="unlink", poll=None, select="oldest"))
     first = next(it)["url"]
-    assert Path(first).exists() and not Path(first[:-len(f"._{os.getpid()}_")]).exists()
+    assert Path(first).exists() and not Path(first[:-len(f"._{pid}_")]).exists()
     it.close()  # e.g. the training loop stopped
-    assert _listing(tmp_path) == ["s000.tar", "s001.tar", "s002.tar"]
+    theirs_it = iter(webdataset.shardlists.DirectoryShardList(
+        f"{theirs}/", "*.tar", poll=None, mode="unlink", select="oldest"))
+    next(theirs_it)
+    theirs_it.close()
+    assert _listing(ours) == _listing(theirs)
+    assert len([n for n in _listing(ours) if n.endswith(f"._{pid}_")]) == 1
+    # dropped at once, as in ``next(iter(ds))``: the same
+    again = wds.DirectoryShardList(str(ours), mode="unlink", poll=None)
+    assert Path(next(iter(again))["url"]).exists()
+    assert len([n for n in _listing(ours) if n.endswith(f"._{pid}_")]) == 2
 
 
 def _dead_pid() -> int:

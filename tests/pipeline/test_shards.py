@@ -76,20 +76,27 @@ def test_shardspec() -> None:
 # ---------------------------------------------------------------- shuffling shard lists
 
 
-def test_seeded_shard_list_is_a_reproducible_permutation_new_each_epoch() -> None:
+def test_seeded_shard_list_is_a_reproducible_permutation_new_each_set_epoch() -> None:
+    """Without ``set_epoch``, webdataset's order in every iteration; each ``set_epoch(n)``
+    gives its own order (epoch 0 webdataset's), the same for every copy."""
     spec = "s-{000..049}.tar"
     plain = urls_of(shards.SimpleShardList(spec))
     a, b = shards.SimpleShardList(spec, seed=7), shards.SimpleShardList(spec, seed=7)
-    epochs_a = [urls_of(a) for _ in range(3)]
-    epochs_b = [urls_of(b) for _ in range(3)]
+    unset = [urls_of(a) for _ in range(3)]
+    assert len({tuple(o) for o in unset}) == 1
+    assert sorted(unset[0]) == sorted(plain) and unset[0] != plain
+    epochs_a, epochs_b = [], []
+    for epoch in range(3):
+        a.set_epoch(epoch)
+        b.set_epoch(epoch)
+        epochs_a.append(urls_of(a))
+        epochs_b.append(urls_of(b))
     assert epochs_a == epochs_b
+    assert epochs_a[0] == unset[0]
     for order in epochs_a:
         assert sorted(order) == sorted(plain) and order != plain
     assert len({tuple(o) for o in epochs_a}) == 3
     assert urls_of(shards.SimpleShardList(spec, seed=8)) != epochs_a[0]
-    a.set_epoch(1)
-    b.set_epoch(1)
-    assert urls_of(a) == urls_of(b)
 
 
 def test_shard_list_set_epoch_survives_pickling() -> None:
@@ -340,3 +347,20 @@ def test_shard_shuffle_stage() -> None:
     assert sorted(base) == sorted(urls_of(urls)) and base != urls_of(urls)
     assert base == run(1, 0)
     assert base != run(1, 1) and base != run(2, 0) and base != run(1, 0, worker=1)
+
+
+def test_resampled_shards_count_epochs_as_webdataset() -> None:
+    """``epoch`` is -1 before the first iteration and counts the iterations started;
+    assigning it chooses the next one (webdataset's attribute), as ``rng`` is the generator
+    of the iteration under way."""
+    def make() -> shards.ShardResampler:
+        return shards.ShardResampler("s-{000..099}.tar", 5, seed=3, deterministic=True,
+                                     worker_info=shards.WorkerInfo())
+
+    rs = make()
+    assert rs.epoch == -1 and rs.rng is None
+    streams = [urls_of(rs) for _ in range(3)]
+    assert rs.epoch == 2 and rs.rng is not None
+    again = make()
+    again.epoch = 0  # the next iteration is number 1
+    assert urls_of(again) == streams[1] and again.epoch == 1

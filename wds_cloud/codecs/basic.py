@@ -44,11 +44,20 @@ __all__ = [
 ]
 
 
+#: webdataset 1.0.2's words for each refusal, kept in ours for code that matches on them
+_WEBDATASET_REFUSALS = {
+    "unpickling": "Unpickling is not allowed for security reasons when enforce_security is set",
+    "torch.load": "torch.loads is not allowed for security reasons when enforce_security is set",
+}
+
+
 def refusal(what: str, key: str | None) -> DecodingError:
     """The error raised instead of running pickle / ``torch.load`` in secure mode (see
     :mod:`wds_cloud.utils` for the switches)."""
+    theirs = _WEBDATASET_REFUSALS.get(what)
     return DecodingError(k=key, reason=f"refusing {what}, which can run arbitrary code: "
-                                       f"{why_refused()}")
+                                       f"{why_refused()}"
+                                       + (f" (webdataset: {theirs})" if theirs else ""))
 
 
 def guarded(what: str, key: str, secure: bool, load: Callable[[bytes], Any], data: bytes) -> Any:

@@ -43,13 +43,17 @@ class DirectoryShardList:
     generator; ``"oldest"``: by modification time) and claimed by renaming it ``NAME._PID_``
     with the claiming process's id. The rename is atomic, so of several processes (or
     DataLoader workers) sharing the directory exactly one gets each shard, and no shard is read
-    by two at once. Once it has been read (when the next one is asked for) it is recycled by
-    ``mode``: ``"unlink"`` deletes it, ``"keep"`` renames it ``NAME._done_`` (out of the
-    pool), ``"resample"`` (the default) renames it back into the pool. A shard whose reading
-    was cut short (the iteration closed) goes back to the pool, and so do the claims of
-    processes no longer running on this machine (looked for after each shard and whenever
-    the pool is empty; webdataset recycled those by ``mode``, which could delete or retire a
-    shard nobody finished reading). With an empty pool, ``poll=None`` ends the iteration;
+    by two at once. Once it has been read (when the iterator moves past it: the next one is
+    asked for) it is recycled by ``mode``: ``"unlink"`` deletes it, ``"keep"`` renames it
+    ``NAME._done_`` (out of the pool), ``"resample"`` (the default) renames it back into the
+    pool. As in webdataset, an iterator closed or dropped while it holds a shard (``islice``,
+    ``next(iter(ds))``, a ``break``) leaves that shard claimed: it may not have been read, so
+    it is not recycled, and it stays with this process, which may still be reading it. The
+    claims of processes no longer running on this machine go back to the pool (looked for
+    after each shard, whenever the pool is empty, and by
+    :meth:`cleanup_files_without_processes`; webdataset recycled those by ``mode``, which
+    could delete or retire a shard nobody finished reading). With an empty pool,
+    ``poll=None`` ends the iteration;
     otherwise the directory is looked at again every ``poll`` seconds. The iteration ends
     ``timeout`` seconds after it started (webdataset's measure). ``path`` may also be a
     ``file:`` URL.
@@ -146,13 +150,9 @@ class DirectoryShardList:
                     return
                 time.sleep(self.poll)
                 continue
-            done = False
-            try:
-                yield {"url": claimed, "readahead": False}
-                done = True
-            finally:
-                # cut short: back to the pool, whatever the mode (it may not have been read)
-                _recycle(claimed, self.mode if done else "resample")
+            # closed here (GeneratorExit), the claim stays: see the class docstring
+            yield {"url": claimed, "readahead": False}
+            self.recycle(claimed)
             self.release_dead_claims()
 
     def _claim(self, candidates: list[str], rng: random.Random) -> str | None:
@@ -171,6 +171,16 @@ class DirectoryShardList:
             log.debug("claimed %s", claimed)
             return claimed
         return None
+
+    def recycle(self, activename: str) -> None:
+        """Recycle the claimed shard ``activename`` (``NAME._PID_``) by ``mode``, as when the
+        iterator moves past it (webdataset's method)."""
+        _recycle(activename, self.mode)
+
+    def cleanup_files_without_processes(self) -> int:
+        """webdataset's name of :meth:`release_dead_claims` (which puts the shards back into
+        the pool, where webdataset recycled them by ``mode``)."""
+        return self.release_dead_claims()
 
     def release_dead_claims(self) -> int:
         """Put the shards claimed by processes no longer running here back into the pool;

@@ -8,8 +8,8 @@ the torch-aware versions exported as ``wds_cloud.split_by_node`` etc. live in
 :mod:`wds_cloud.pytorch` and also ask ``torch.distributed`` and the DataLoader.
 
 Randomness: every random choice made per (rank, worker, epoch) is seeded by :func:`derive_seed`,
-a stable hash (except the first epoch of a seeded ``SimpleShardList``, in webdataset's order);
-nothing uses the module-global ``random``.
+a stable hash (except a seeded ``SimpleShardList``, in webdataset's order unless ``set_epoch``
+numbers its epochs); nothing uses the module-global ``random``.
 
 Epochs: webdataset counts epochs inside the dataset object, but a DataLoader with
 non-persistent workers pickles the object afresh into new workers every epoch, so the counter
@@ -228,12 +228,14 @@ class SimpleShardList:
 
     ``urls``: a string (brace pattern, ``::``-joined lists, ``${NAME}`` from ``WDS_NAME``) or
     an iterable of URL strings. ``seed``: ``None`` keeps the order; an int shuffles, with
-    the same permutation on every rank and worker of an epoch (so it can be split) and a new
-    one each epoch: the first epoch (no ``set_epoch``, or ``set_epoch(0)``) in webdataset
-    1.0.2's order for that seed, ``random.Random(seed).shuffle`` (so a published run repeats
-    when switching libraries; webdataset gives that order in every epoch), later epochs with
-    ``derive_seed(seed, 0, 0, *epoch)``; ``True`` picks a random seed now (each node then has
-    its own: do not combine with splitting by node).
+    the same permutation on every rank and worker (so it can be split): webdataset 1.0.2's
+    order for that seed, ``random.Random(seed).shuffle``, in every iteration, as webdataset
+    gives it (so a published run repeats when switching libraries; ``seed`` may be changed
+    between iterations, as webdataset's tests do). A new order each epoch is wds_cloud's
+    extension, asked for with :meth:`set_epoch` (``WebLoader`` calls it): epoch 0 keeps
+    webdataset's order, the others are shuffled by ``derive_seed(seed, 0, 0, *epoch)``.
+    ``True`` picks a random seed now (each node then has its own: do not combine with
+    splitting by node).
     """
 
     def __init__(
@@ -256,12 +258,13 @@ class SimpleShardList:
         return len(self.urls)
 
     def __iter__(self) -> Iterator[dict[str, str]]:
-        key, _ = self._epochs.next()
+        key, explicit = self._epochs.next()
         urls = self.urls
         if self.seed is not None:
             urls = list(urls)
-            first = key in ((0,), (0, 0))  # webdataset's order; see the class docstring
-            random.Random(self.seed if first else derive_seed(self.seed, 0, 0, *key)).shuffle(urls)
+            webdataset_order = not explicit or key == (0, 0)  # see the class docstring
+            seed = self.seed if webdataset_order else derive_seed(self.seed, 0, 0, *key)
+            random.Random(seed).shuffle(urls)
         for url in urls:
             yield {"url": url}
 
@@ -279,6 +282,10 @@ class ShardResampler:
     differs. ``worker_seed``: a zero-argument callable whose int replaces the (rank, worker)
     identity. ``max_urls`` caps how many URLs are read from a non-list iterable;
     ``empty_check`` raises :class:`ConfigError` for an empty list.
+
+    As in webdataset, ``epoch`` is the number of the iteration last started (-1 before the
+    first; counted from the last ``set_epoch``), and assigning it chooses the next one
+    (``epoch + 1``); ``rng`` is the generator of the iteration under way.
     """
 
     def __init__(
@@ -304,6 +311,16 @@ class ShardResampler:
         self.deterministic = deterministic
         self.worker_info = worker_info
         self._epochs = _Epochs()
+        self.rng: random.Random | None = None
+
+    @property
+    def epoch(self) -> int:
+        """webdataset's counter: the iteration last started, -1 before the first."""
+        return self._epochs.started - 1
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epochs.started = int(value) + 1
 
     def set_epoch(self, epoch: int) -> None:
         """Number the next iteration ``epoch`` (see the module docstring)."""
@@ -322,7 +339,8 @@ class ShardResampler:
         urls = self.urls
         if not urls:
             return
-        pick = random.Random(seed).randrange
+        self.rng = random.Random(seed)
+        pick = self.rng.randrange
         n = len(urls)
         for _ in range(self.nshards):
             yield {"url": urls[pick(n)]}
@@ -357,6 +375,9 @@ class ShardShuffle:
 
         seed = self._epochs.next_seed(self.seed, self.worker_info)[0]
         return iter(shuffle(self.bufsize, seed=seed)(iter(src)))
+
+    def __repr__(self) -> str:  # says "shuffle", which webdataset's tests look for in a stage
+        return f"ShardShuffle(bufsize={self.bufsize}, seed={self.seed}): a shard shuffle"
 
 
 def node_share(
