@@ -173,7 +173,7 @@ class SpecMix(SpecSource):
         filtered = any(source.extensions is not None for source in self.spec.sources)
         rng = KeyedRandom(self.seed, epoch, slot, MIX)
         book = self.book
-        drawn = [0, 0]  # samples drawn before this block, and the source of the last one
+        drawn = [0, 0]  # samples drawn, and the source of the last one
         skip = 0
         self._keys = list(range(n))  # what each source's shard permutation is keyed by
         if book is not None:
@@ -182,7 +182,6 @@ class SpecMix(SpecSource):
             drawn[0] = int(book.get("mix.n", 0))
             skip = drawn[0] % _BLOCK
             rng.skip(drawn[0] - skip)
-            drawn[0] -= skip
             book.part("mix.", lambda: {"mix.n": drawn[0], "mix.last": drawn[1]})
             self._keys = [int(book.get(f"src.{i}.key", i)) for i in range(n)]  # (a remix)
             named = source_keys(self.spec, self.urls, self._keys)
