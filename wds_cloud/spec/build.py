@@ -40,6 +40,7 @@ from ..pipeline.shards import WorkerInfoSource, resolve_worker_info
 from ..pipeline.shufflestate import ResumableShuffle
 from ..pipeline.state import Ref, ResumeBook, refetch, track_shards
 from ..tar.shardloop import ShardCursor
+from .schedule import Clock
 from .schema import DatasetSpec
 
 __all__ = [
@@ -69,11 +70,39 @@ def _cumulative(spec: DatasetSpec, epoch: int, seed: int) -> np.ndarray[Any, Any
     return cumulative
 
 
-def source_draws(spec: DatasetSpec, *, seed: int, epoch: int, slot: int, n: int) -> list[int]:
+def _shares(spec: DatasetSpec, epoch: int, seed: int,
+            clock: Clock) -> Callable[[int], np.ndarray[Any, Any]] | None:
+    """For a spec with weight schedules: the cumulative shares of the block of draws that
+    starts after ``n`` draws of the slot (the schedule at the block's middle); else None."""
+    by = spec.schedule_by
+    if by is None:
+        return None
+    factors = spec.scale_factors(epoch, seed)
+
+    def at(n: int) -> np.ndarray[Any, Any]:
+        position = clock.position(by, epoch, n + _BLOCK / 2)
+        weights = np.array([s.weight_at(position) * f
+                            for s, f in zip(spec.sources, factors, strict=True)])
+        cumulative = np.cumsum(weights / weights.sum())
+        cumulative[-1] = 1.0
+        return cumulative
+
+    return at
+
+
+def source_draws(spec: DatasetSpec, *, seed: int, epoch: int, slot: int, n: int,
+                 clock: Clock | None = None) -> list[int]:
     """The first ``n`` source indices the mix of ``slot`` draws in ``epoch``: exactly the
-    runtime's draws (for ``wds-cloud spec check --simulate``), with no I/O."""
+    runtime's draws (for ``wds-cloud spec check --simulate``), with no I/O; ``clock``: the
+    job's shape, for weight schedules."""
     rng = KeyedRandom(seed, epoch, slot, MIX)
-    return [int(i) for i in rng.choose(_cumulative(spec, epoch, seed), n)]
+    shares = _shares(spec, epoch, seed, clock or Clock())
+    if shares is None:
+        return [int(i) for i in rng.choose(_cumulative(spec, epoch, seed), n)]
+    out: list[int] = []
+    while len(out) < n:
+        out += rng.choose(shares(len(out)), _BLOCK).tolist()
+    return out[:n]
 
 
 def keep_extensions(sample: Sample, extensions: Sequence[str] | None) -> Sample:
@@ -144,6 +173,10 @@ class SpecMix(SpecSource):
         super().__init__(spec, urls, seed=seed, worker_info=worker_info, epochs=epochs)
         self.read = read
 
+    #: ``(samples per epoch over all ranks, batch size)`` where the pipeline knows them, for
+    #: weight schedules (:class:`~wds_cloud.spec.schedule.Clock`; set by the dataset)
+    shape: tuple[int | None, int | None] = (None, None)
+
     def _epoch(self, worker: int) -> int:
         """The epoch of the iteration starting now (the saved one when resuming)."""
         book = self.book
@@ -172,6 +205,8 @@ class SpecMix(SpecSource):
         flavors = [source.subflavors for source in self.spec.sources]
         filtered = any(source.extensions is not None for source in self.spec.sources)
         rng = KeyedRandom(self.seed, epoch, slot, MIX)
+        shares = _shares(self.spec, epoch, self.seed,
+                         Clock(info.world_size * info.num_workers, *self.shape))
         book = self.book
         drawn = [0, 0]  # samples drawn, and the source of the last one
         skip = 0
@@ -189,6 +224,8 @@ class SpecMix(SpecSource):
             self._last = (cursors, drawn)
         try:
             while True:
+                if shares is not None:  # the schedule's weights, once per block
+                    cumulative = shares(drawn[0] - skip)
                 draws = rng.choose(cumulative, _BLOCK)
                 block = draws.tolist()
                 if skip:
