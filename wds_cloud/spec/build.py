@@ -176,6 +176,10 @@ class SpecMix(SpecSource):
     #: ``(samples per epoch over all ranks, batch size)`` where the pipeline knows them, for
     #: weight schedules (:class:`~wds_cloud.spec.schedule.Clock`; set by the dataset)
     shape: tuple[int | None, int | None] = (None, None)
+    #: ``count(names, counts)``: told the samples each source gave (``counts[i]`` for
+    #: ``names[i]``) after each block of draws and at the end, counted from the block's
+    #: draws, not per sample (per-source statistics; set by the composition root)
+    count: Callable[[Sequence[str], list[int]], None] | None = None
 
     def _epoch(self, worker: int) -> int:
         """The epoch of the iteration starting now (the saved one when resuming)."""
@@ -210,6 +214,8 @@ class SpecMix(SpecSource):
         book = self.book
         drawn = [0, 0]  # samples drawn, and the source of the last one
         skip = 0
+        tell = self.count
+        offset = 0  # draws skipped at the start of the block under way (a restore)
         self._keys = list(range(n))  # what each source's shard permutation is keyed by
         if book is not None:
             from .remix import source_keys
@@ -222,12 +228,14 @@ class SpecMix(SpecSource):
             named = source_keys(self.spec, self.urls, self._keys)
             book.part("names.", lambda: named)
             self._last = (cursors, drawn)
+        begin, draws = drawn[0], np.zeros(0, dtype=np.intp)  # the block under way
         try:
             while True:
                 if shares is not None:  # the schedule's weights, once per block
                     cumulative = shares(drawn[0] - skip)
                 draws = rng.choose(cumulative, _BLOCK)
                 block = draws.tolist()
+                begin, offset = drawn[0], skip
                 if skip:
                     block, skip = block[skip:], 0
                 for i in block:  # the hot loop: one draw, one sample
@@ -252,7 +260,13 @@ class SpecMix(SpecSource):
                                          strict=True):
                     if count and stream is not None:
                         stream.served += count
+                if tell is not None:
+                    tell(names, np.bincount(draws[offset:], minlength=n).tolist())
+                    begin = drawn[0]
         finally:
+            if tell is not None and drawn[0] > begin:  # the part of a block yielded
+                tell(names, np.bincount(draws[offset:offset + drawn[0] - begin],
+                                        minlength=n).tolist())
             for stream in sources:
                 if stream is not None:
                     close = getattr(stream.samples, "close", None)
