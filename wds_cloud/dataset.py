@@ -355,6 +355,8 @@ class WebDataset(DataPipeline, FluidInterface):
         if isinstance(getattr(first, "epochs", None), EpochCounter):
             saved = int(book.get("epoch", -1))
             book.epoch = saved if saved >= 0 else first.epochs.peek(book.info.worker)
+        if hasattr(first, "shape"):  # a spec's mix: where its weight schedules stand
+            first.shape = self._epoch_shape(book)
         keys: dict[str, str] = {}
         for n, stage in enumerate(self.pipeline):
             epochs = getattr(stage, "_epochs", None)
@@ -373,6 +375,22 @@ class WebDataset(DataPipeline, FluidInterface):
                                     "epoch is set: call dataset.set_epoch(e) (WebLoader does)")
         book.key = [int(x) for name in sorted(keys)
                     for x in keys[name].replace("-", "-1").split(",")]
+
+    def _epoch_shape(self, book: ResumeBook) -> tuple[int | None, int | None]:
+        """``(samples per epoch over all ranks, batch size)``, where known: the batch size of
+        the pipeline's first ``batched``/``listed`` or of ``with_epoch(batch_size=B)``; the
+        epoch's length from ``with_epoch``."""
+        batch = next((int(kind.split(":")[1]) for kind in book.stages.split(",")
+                      if kind.split(":")[0] in ("batched", "listed")
+                      and kind.split(":")[1].isdigit()), None)
+        info = book.info
+        if self.rank_epoch is not None:
+            units, multiple = self.rank_epoch
+            batch = multiple if multiple > 1 else batch
+            return units * (batch or 1) * info.world_size, batch
+        if self.nsamples > 0:
+            return self.nsamples * (batch or 1) * info.world_size * info.num_workers, batch
+        return None, batch
 
     def _complete(self, book: ResumeBook) -> None:
         first = self.pipeline[0]

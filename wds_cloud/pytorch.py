@@ -263,6 +263,8 @@ class _EpochedLoader:
         self.last_worker = -1
         self.states: list[Any] = []
         self.resume: dict[str, Any] | None = None
+        #: ``(every, report)``: ``report()`` after every ``every`` batches (``stats_every``)
+        self.reporting: tuple[int, Callable[[], None]] | None = None
 
     def __iter__(self) -> Iterator[Any]:
         dataset = self.loader.dataset
@@ -277,9 +279,8 @@ class _EpochedLoader:
         book = getattr(dataset, "book", None)
         if book is not None and workers:
             book.pending = None  # handed to the workers now; later passes start afresh
-        if not workers:
-            return self._counted(it)
-        return self._unshipped(it, resume is not None)
+        out = self._counted(it) if not workers else self._unshipped(it, resume is not None)
+        return out if self.reporting is None else _reported(out, *self.reporting)
 
     def _counted(self, it: Iterator[Any]) -> Iterator[Any]:
         for item in it:
@@ -368,6 +369,13 @@ class _EpochedLoader:
                            "last_worker": int(state.get("last_worker", -1))}
 
 
+def _reported(items: Iterator[Any], every: int, report: Callable[[], None]) -> Iterator[Any]:
+    for n, item in enumerate(items, 1):
+        yield item
+        if n % every == 0:
+            report()
+
+
 def _worker_of(shipped: Any) -> int:
     return int(shipped.state.get("worker", 0))
 
@@ -396,17 +404,19 @@ class _ReportIO:
     keeps yielding plain items); then the user's ``init`` runs."""
 
     def __init__(self, counters: Any, init: Callable[[int], Any] | None,
-                 ship: bool = False) -> None:
+                 ship: bool = False, sources: tuple[str, ...] = ()) -> None:
         self.counters = counters
         self.init = init
         self.ship = ship
+        self.sources = sources  # a spec's sources: counted per source too
 
     def __call__(self, worker_id: int) -> None:
-        from .stores.iostats import IO_FIELDS, report_io_to
+        from .stores.iostats import IO_FIELDS, SOURCE_FIELDS, report_io_to
 
-        first = worker_id * len(IO_FIELDS)
-        if first + len(IO_FIELDS) <= len(self.counters):  # num_workers was raised since: uncounted
-            report_io_to(self.counters, first)
+        width = len(IO_FIELDS) + len(self.sources) * len(SOURCE_FIELDS)
+        first = worker_id * width
+        if first + width <= len(self.counters):  # num_workers was raised since: uncounted
+            report_io_to(self.counters, first, self.sources)
         if self.ship:
             from torch.utils.data import get_worker_info
 
@@ -432,15 +442,17 @@ class WebLoader(DataPipeline, FluidInterface):
     the one given).
     """
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
+    def __init__(self, *args: Any, stats_every: int | None = None, **kw: Any) -> None:
         try:
             from torch.utils.data import DataLoader  # the one place a dataset imports torch
         except ImportError as exc:
             raise MissingDependencyError("WebLoader", "torch", "torch") from exc
         register_torch_datasets()  # before DataLoader sees the dataset (built without torch?)
-        from .stores.iostats import IO_FIELDS
+        from .stores.iostats import IO_FIELDS, SOURCE_FIELDS
 
         loader = DataLoader(*args, **kw)
+        spec = getattr(loader.dataset, "spec", None)
+        self._sources = tuple(s.name for s in spec.sources) if spec is not None else ()
         ship = getattr(loader.dataset, "book", None) is not None and loader.num_workers > 0
         if ship:  # each worker sends its state along with each item
             loader.collate_fn = _Unship(loader.collate_fn)
@@ -449,20 +461,43 @@ class WebLoader(DataPipeline, FluidInterface):
             import multiprocessing
 
             context = loader.multiprocessing_context or multiprocessing.get_context()
-            self._io_counters = context.RawArray("q", loader.num_workers * len(IO_FIELDS))
-            loader.worker_init_fn = _ReportIO(self._io_counters, loader.worker_init_fn, ship)
+            width = len(IO_FIELDS) + len(self._sources) * len(SOURCE_FIELDS)
+            self._io_counters = context.RawArray("q", loader.num_workers * width)
+            loader.worker_init_fn = _ReportIO(self._io_counters, loader.worker_init_fn, ship,
+                                              self._sources)
         super().__init__(_EpochedLoader(loader))
+        if stats_every is not None:
+            if isinstance(stats_every, bool) or not isinstance(stats_every, int) \
+                    or stats_every < 1:
+                raise ConfigError(f"WebLoader(stats_every={stats_every!r}): a number of "
+                                  "batches >= 1")
+            from .sourcestats import log_stats
+
+            self._epoched.reporting = (stats_every,
+                                       lambda: log_stats(self.stats(all_ranks=False)))
 
     def io_stats(self) -> dict[str, int]:
         """The remote I/O counters of ``wds.io_stats()`` (requests, retries, resumes,
-        bytes read, failures, uploads) summed over this loader's DataLoader workers and every
-        epoch so far. What the main process does itself, and all the loading when
+        bytes read, failures, uploads, cache hits) summed over this loader's DataLoader
+        workers and every epoch so far. What the main process does itself, and all the loading when
         ``num_workers=0``, is counted by ``wds.io_stats()`` instead."""
-        from .stores.iostats import IO_FIELDS
+        from .sourcestats import gather
 
         counters = self._io_counters if self._io_counters is not None else []
-        width = len(IO_FIELDS)
-        return {name: sum(counters[i::width]) for i, name in enumerate(IO_FIELDS)}
+        return gather(counters, self.dataloader.num_workers, self._sources, all_ranks=False)[0]
+
+    def stats(self, *, all_ranks: bool = True) -> dict[str, Any]:
+        """What the job saw, per spec source: ``{"samples", "ranks", "io", "sources": {name:
+        {"samples", "shards", "requests", "bytes_read", "cache_hits", "retries", "resumes",
+        "failures", "share", "configured"}}}``, summed over the DataLoader workers and every
+        epoch so far, and with ``all_ranks`` over the ranks of ``torch.distributed`` when it
+        is initialised (a collective: every rank calls it). ``share`` is a source's part of
+        the samples its mix gave, ``configured`` what the spec asks for (with weight schedules,
+        their mean over those samples). ``num_workers=0``: this process's counts. See
+        :mod:`wds_cloud.sourcestats`."""
+        from .sourcestats import loader_stats
+
+        return loader_stats(self, self._io_counters, self._sources, all_ranks=all_ranks)
 
     @property
     def dataloader(self) -> Any:

@@ -168,7 +168,17 @@ class Router:
         cache = None if mode != "rb" else self.cache()
         if cache is not None and cache.wants(resolved):
             log.debug("cache %s in %s", redact(resolved), cache.root)
-            stream = cache.open(resolved, lambda: self._open(url, resolved, mode, options))
+            asked: list[bool] = []
+
+            def fetch() -> BinaryIO:
+                asked.append(True)
+                return self._open(url, resolved, mode, options)
+
+            stream = cache.open(resolved, fetch)
+            if not asked:  # served from the cache (or along another process's download)
+                from .stores.iostats import count_io, current_source
+
+                count_io(current_source(), cache_hits=1)
             return _skip(stream, offset) if offset else stream
         if offset and getattr(openers.get_opener(resolved), "ranged", False):
             options["offset"] = offset  # the opener starts there (a ranged GET, a seek)

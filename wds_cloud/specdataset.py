@@ -135,13 +135,17 @@ class _SpecReader:
     select_files: Any
     rename_files: Any
     excluded: frozenset[tuple[str, str]] = frozenset()
+    #: the sources' names: the transfers of a source's shards count for it (``stats()``)
+    names: tuple[str, ...] = ()
 
     def __call__(self, items: Iterable[dict[str, Any]], i: int,
                  cursor: ShardCursor | None = None) -> Iterator[Sample]:
         share = len(self.openers)
         if i >= 0:
-            samples = self.openers[i].samples(items, self.handler, self.select_files,
-                                              self.rename_files, share=share, cursor=cursor)
+            opener = self.openers[i]
+            samples = read_shards(_Counted(opener, self.names[i]) if self.names else opener,
+                                  opener.settings, items, self.handler, self.select_files,
+                                  self.rename_files, share=share, cursor=cursor)
         else:
             samples = read_shards(self._open, self.openers[0].settings, items, self.handler,
                                   self.select_files, self.rename_files, cursor=cursor)
@@ -159,6 +163,28 @@ class _SpecReader:
 
     def _open(self, url: str, **kw: Any) -> Any:
         return self.openers[self.owners.get(url, 0)](url, **kw)
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """A source's opener whose opens (and the transfers they start, in whichever thread)
+    count for the source (:func:`~wds_cloud.stores.iostats.source_stats`)."""
+
+    opener: ShardOpener
+    name: str
+
+    def __call__(self, url: str, **kw: Any) -> Any:
+        from .stores.iostats import count_io, reading_for
+
+        count_io(self.name, shards=1)
+        with reading_for(self.name):
+            return self.opener(url, **kw)
+
+    def costs_round_trip(self, url: str) -> bool:
+        return self.opener.costs_round_trip(url)
+
+    def pace(self) -> Any:
+        return self.opener.pace()
 
 
 def _listed(spec: DatasetSpec, openers: tuple[ShardOpener, ...]) -> list[Listed]:
@@ -205,7 +231,8 @@ def spec_source(
     urls = [found.urls for found in listed]
     owners = {url: i for i in reversed(range(len(urls))) for url in urls[i]}
     excluded = frozenset(x for found in listed for x in found.excluded)
-    read = _SpecReader(openers, owners, handler, select_files, rename_files, excluded)
+    read = _SpecReader(openers, owners, handler, select_files, rename_files, excluded,
+                       tuple(source.name for source in loaded.sources))
     epochs = EpochCounter()
     if loaded.mode == "samples":
         return loaded, chosen, SpecSampleEpochs(loaded, urls, _counts(loaded, listed, read),
@@ -214,8 +241,11 @@ def spec_source(
     if loaded.counted:
         return loaded, chosen, SpecEpochShards(loaded, urls, seed=chosen, read=read,
                                                worker_info=worker_info, epochs=epochs)
-    return loaded, chosen, SpecMix(loaded, urls, seed=chosen, read=read,
-                                   worker_info=worker_info, epochs=epochs)
+    from .stores.iostats import count_samples
+
+    mix = SpecMix(loaded, urls, seed=chosen, read=read, worker_info=worker_info, epochs=epochs)
+    mix.count = count_samples  # the samples of each source, for stats()
+    return loaded, chosen, mix
 
 
 class MultiShardSample(DataPipeline):

@@ -332,3 +332,24 @@ def test_shard_sizes_on_s3(store_factory: Callable[[str], Store]) -> None:
     assert shard_sizes(many, router=router, listings=listings).get(many[5]) is None
     gone = [f"s3://no-such-bucket-here/s{k}.tar" for k in range(5)]
     assert shard_sizes(gone, router=router) == {}
+
+
+def test_check_shows_a_schedules_shares_at_a_few_positions_and_plots_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "sched.yaml"
+    spec.write_text(yaml.safe_dump({"seed": 1, "datasets": [
+        {"name": "web", "shards": "a-{0..3}.tar",
+         "weight": {"schedule": "linear", "points": {0: 1.0, 10000: 0.0}}},
+        {"name": "code", "shards": "b-{0..3}.tar", "weight": 1.0}]}))
+    plot = tmp_path / "shares.png"
+    assert main(["spec", "check", str(spec), "--no-list", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "weight schedules: shares at samples" in out
+    web = next(line for line in out.splitlines() if line.startswith("web ") and "%" in line
+               and "linear" not in line)
+    assert web.split()[1:] == ["50.00%", "44.44%", "37.50%", "28.57%", "16.67%", "0.00%"]
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert main(["spec", "check", str(spec), "--no-list", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schedule"]["positions"] == [0, 2000, 4000, 6000, 8000, 10000]
+    assert doc["sources"][0]["schedule"]["schedule"] == "linear"

@@ -1,7 +1,7 @@
 """A three-source spec over the real S3 and GCS test servers, read by two ranks under
 ``torchrun --nproc_per_node=2`` (gloo, CPU) with 2 DataLoader workers each: equal steps,
-different streams, shares within 2 points of the realized ones over 20,000 samples, and
-streams that are a function of the seed."""
+different streams, shares within 2 points of the realized ones over 20,000 samples (also as
+``loader.stats()`` sums them over the ranks), and streams that are a function of the seed."""
 
 from __future__ import annotations
 
@@ -70,6 +70,15 @@ def test_two_ranks_equal_steps_shares_and_reproducible_streams(spec_file: Path,
         assert abs(observed[name] - expected[name]) / total < 0.02, (observed, expected)
     # each key belongs to its source
     assert all(key.startswith(source) for s in streams for key, source in s)
+    # what the job saw, per source, summed over both ranks and their workers
+    stats = ranks[0]["stats"]
+    assert stats == ranks[1]["stats"] and stats["ranks"] == 2 and stats["samples"] == total
+    for name in ("a", "b", "c"):
+        seen = stats["sources"][name]
+        assert seen["samples"] == observed[name]
+        assert abs(seen["share"] - expected[name] / total) < 0.02
+        assert seen["requests"] >= seen["shards"] > 0 and seen["bytes_read"] > 0
+    assert sum(s["requests"] for s in stats["sources"].values()) == stats["io"]["requests"]
 
     again = _torchrun(spec_file, tmp_path / "run2", seed=42)
     assert again == ranks

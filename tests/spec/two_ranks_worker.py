@@ -4,7 +4,7 @@ Arguments: SPEC OUT_DIR SEED EPOCHS BATCH BATCHES_PER_WORKER [stop:K | resume]. 
 spec with 2 DataLoader workers, records (key, source) per sample and the batches per epoch,
 and writes them to OUT_DIR/rank<R>.json. ``stop:K`` saves the loader's state after K steps
 to OUT_DIR/state<R>.pkl and ends there; ``resume`` loads it (from the OUT_DIR given) and goes
-on.
+on. A whole run records ``loader.stats()`` too (over both ranks).
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def main() -> None:
         record["epochs"].append({"epoch": epoch, "steps": steps, "stream": stream})  # type: ignore[attr-defined]
         if done == stop:
             break
+    if not mode:  # summed over both ranks: a collective, on every rank
+        record["stats"] = loader.stats()
     dist.barrier()
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump(record, f)

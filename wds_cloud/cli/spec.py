@@ -30,6 +30,9 @@ from .specreport import (
     Found,
     Shape,
     rows_of,
+    schedule_lines,
+    schedule_positions,
+    schedule_rows,
     simulate,
     simulation_lines,
     table_lines,
@@ -98,6 +101,9 @@ def add_parser(sub: Any) -> None:
                    help="one JSON object: spec, sources, warnings, simulation, errors")
     p.add_argument("--simulate", type=_positive, metavar="S",
                    help="draw S samples' sources per slot with the mixing RNG (no I/O)")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="draw the shares of a spec with weight schedules over training "
+                   "(needs pip install 'wds-cloud[plot]')")
     p.add_argument("--seed", type=int, metavar="N",
                    help="seed (default: WDS_SEED, else the spec's seed, else 0)")
     p.add_argument("--allow-pipe", action="store_true", help="accept pipe: URLs in the spec")
@@ -148,18 +154,37 @@ def cmd_spec(args: argparse.Namespace) -> int:
             warnings.append(f"--simulate: this spec reads per-epoch {spec.mode} and draws "
                             "no sources by weight: nothing to simulate")
         else:
-            sim = simulate(spec, seed=seed, slots=shape.slots, n=args.simulate)
+            sim = simulate(spec, seed=seed, slots=shape.slots, n=args.simulate,
+                           batch_size=shape.batch_size)
+    sched = (schedule_rows(spec, seed, schedule_positions(spec))
+             if spec.schedule_by is not None else None)
+    if args.plot:
+        if sched is None:
+            return _invalid(f"--plot {args.plot}: {spec.origin} has no weight schedule; "
+                            "its shares do not change over training")
+        try:
+            _plot(args.plot, spec, seed)
+        except (ConfigError, ImportError) as exc:
+            print(f"wds-cloud spec check: {exc}", file=sys.stderr)
+            return INVALID
     if args.json:
         print(json.dumps({
             "spec": spec.describe(), "seed": seed, "seed_from": seed_from,
             "shape": {"world_size": shape.world_size, "workers": shape.workers,
                       "slots": shape.slots, "batch_size": shape.batch_size,
                       "epoch_batches": shape.epoch_batches, "samples_per_epoch": shape.samples},
-            "sources": rows, "warnings": warnings, "simulation": sim, "errors": invalid + errors,
+            "sources": rows, "warnings": warnings, "simulation": sim, "schedule": sched,
+            "errors": invalid + errors,
             "not_used": [{"key": key, "why": why} for key, why in unused],
         }, indent=2, default=str))
     else:
         _print_report(spec, rows, warnings, sim, shape, seed, seed_from, listed=not args.no_list)
+        if sched is not None:
+            print()
+            for line in schedule_lines(sched):
+                print(line)
+        if args.plot:
+            print(f"plot: {args.plot}")
         if unused:
             print()
             for key, why in unused:
@@ -167,6 +192,41 @@ def cmd_spec(args: argparse.Namespace) -> int:
     for message in invalid + errors:
         print(f"wds-cloud spec check: {message}", file=sys.stderr)
     return INVALID if invalid else UNREACHABLE if errors else OK
+
+
+def _plot(path: str, spec: DatasetSpec, seed: int) -> None:
+    """Write the PNG ``path``: each source's share (epoch 0) over the weight schedules."""
+    from ..errors import MissingDependencyError
+
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise MissingDependencyError("wds-cloud spec check --plot", "matplotlib",
+                                     "plot") from exc
+    last = max(x for s in spec.sources if s.schedule is not None for x, _ in s.schedule.points)
+    end = max(last * 1.25, 1)
+    xs = [end * k / 400 for k in range(401)]
+    shares = [spec.probabilities(0, seed, at=x) for x in xs]
+    fig = Figure(figsize=(8.0, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for source in spec.sources:
+        ax.plot(xs, [100 * row[source.name] for row in shares], label=source.name)
+    unit = {"samples": "samples (over all ranks and workers)",
+            "step": "global steps (batches over all ranks)"}[spec.schedule_by or "samples"]
+    ax.set_xlabel(unit)
+    ax.set_ylabel("share of the samples (%)")
+    ax.set_ylim(0, 100)
+    ax.set_xlim(0, end)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{spec.origin}: shares over the weight schedules", fontsize=10)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100, format="png")
+    except OSError as exc:
+        raise ConfigError(f"--plot {path}: cannot write it: {exc}") from exc
 
 
 def _invalid(message: str, *, hint: bool = False) -> int:

@@ -31,8 +31,8 @@ from .common import plural
 if TYPE_CHECKING:
     from ..spec import DatasetSpec, SourceSpec
 
-__all__ = ["Found", "Shape", "rows_of", "simulate", "simulation_lines",
-           "table_lines", "warnings_of"]
+__all__ = ["Found", "Shape", "rows_of", "schedule_lines", "schedule_positions",
+           "schedule_rows", "simulate", "simulation_lines", "table_lines", "warnings_of"]
 
 TINY = 0.01  # an expected share under this is worth a warning
 
@@ -152,6 +152,7 @@ def rows_of(spec: DatasetSpec, found: Sequence[Found], shape: Shape,
             "listed": got.urls is not None, "shards": shards,
             "missing": [redact(u) for u in got.missing], "bytes": nbytes,
             "weight": source.weight, "scale": list(source.scale),
+            "schedule": source.schedule.describe() if source.schedule is not None else None,
             "shard_read": redact(got.shard_read) if got.shard_read else None,
             "samples_in_shard_read": got.samples_read, "samples": samples,
             "samples_per_shard": per_shard, "error": got.error,
@@ -212,7 +213,10 @@ def warnings_of(spec: DatasetSpec, rows: Sequence[dict[str, Any]], shape: Shape)
                        "reads every source, so slots read the same shards at the same time; "
                        "split the source into more shards")
         share = row["probability"]["expected"] if row["probability"] else None
-        if share is not None and share == 0:
+        scheduled = next(s for s in spec.sources if s.name == name).schedule is not None
+        if scheduled:
+            pass  # its share changes over training: the schedule's table shows it
+        elif share is not None and share == 0:
             out.append(f"{name}: weight 0: it is never read")
         elif share is not None and share < TINY:
             out.append(f"{name}: expected share {share:.2%} is under {TINY:.0%}: is the weight "
@@ -229,15 +233,21 @@ def warnings_of(spec: DatasetSpec, rows: Sequence[dict[str, Any]], shape: Shape)
     return out
 
 
-def simulate(spec: DatasetSpec, *, seed: int, slots: int, n: int) -> dict[str, Any]:
+def simulate(spec: DatasetSpec, *, seed: int, slots: int, n: int,
+             batch_size: int | None = None) -> dict[str, Any]:
     """Run only the mixing RNG: ``n`` source draws in each of ``slots`` slots in epoch 0
-    (exactly the runtime's draws, no I/O); observed shares next to the realized ones."""
+    (exactly the runtime's draws, no I/O); observed shares next to the realized ones (with
+    weight schedules, their mean over the draws)."""
     from ..spec.build import source_draws
+    from ..spec.schedule import Clock
 
+    clock = Clock(slots, None, batch_size)
     counts: Counter[int] = Counter()
     for slot in range(slots):
-        counts.update(source_draws(spec, seed=seed, epoch=0, slot=slot, n=n))
+        counts.update(source_draws(spec, seed=seed, epoch=0, slot=slot, n=n, clock=clock))
     realized = spec.probabilities(0, seed)
+    if spec.schedule_by is not None:
+        realized = _mean_shares(spec, seed, clock, n)
     total = n * slots
     observed = [counts[i] / total if total else 0.0 for i in range(len(spec.sources))]
     sources = [{"name": s.name, "realized": realized[s.name], "observed": observed[i],
@@ -246,6 +256,50 @@ def simulate(spec: DatasetSpec, *, seed: int, slots: int, n: int) -> dict[str, A
                 default=0.0)
     return {"epoch": 0, "seed": seed, "slots": slots, "samples_per_slot": n, "samples": total,
             "sources": sources, "max_difference": worst}
+
+
+def _mean_shares(spec: DatasetSpec, seed: int, clock: Any, n: int) -> dict[str, float]:
+    """The shares of a scheduled spec averaged over ``n`` draws per slot, block by block as
+    the mix evaluates them."""
+    from ..spec.build import _BLOCK
+
+    by = spec.schedule_by or "samples"
+    total = dict.fromkeys((s.name for s in spec.sources), 0.0)
+    for start in range(0, n, _BLOCK):
+        size = min(_BLOCK, n - start)
+        at = clock.position(by, 0, start + _BLOCK / 2)
+        for name, share in spec.probabilities(0, seed, at=at).items():
+            total[name] += share * size / n
+    return total
+
+
+def schedule_positions(spec: DatasetSpec, count: int = 6) -> list[int]:
+    """Where ``spec check`` shows a scheduled spec's shares: 0, the schedules' points and
+    ``count`` positions evenly spread up to the last point (with many points: the first
+    ``count - 1`` and the last)."""
+    points = sorted({x for s in spec.sources if s.schedule is not None
+                     for x, _ in s.schedule.points} | {0})
+    last = points[-1]
+    if len(points) >= count or not last:
+        return [*points[:count - 1], last] if len(points) > count else points
+    even = {round(last * k / (count - 1)) for k in range(count)}
+    return sorted(set(points) | even)
+
+
+def schedule_rows(spec: DatasetSpec, seed: int, positions: Sequence[int]) -> dict[str, Any]:
+    """The shares (epoch 0) at ``positions`` of the weight schedules, per source."""
+    shares = [spec.probabilities(0, seed, at=x) for x in positions]
+    return {"by": spec.schedule_by, "positions": list(positions),
+            "shares": {s.name: [row[s.name] for row in shares] for s in spec.sources}}
+
+
+def schedule_lines(sched: dict[str, Any]) -> list[str]:
+    """The shares at each position as a table, one row per source."""
+    unit = {"samples": "samples", "step": "steps"}[sched["by"]]
+    header = ["source", *(f"{x:,}" for x in sched["positions"])]
+    body = [[name, *map(_pct, shares)] for name, shares in sched["shares"].items()]
+    return [f"weight schedules: shares at {unit} (over all ranks and workers; epoch 0)",
+            *_table(header, body, left={0})]
 
 
 def _count(value: float | None) -> str:
@@ -304,7 +358,9 @@ def table_lines(spec: DatasetSpec, rows: Sequence[dict[str, Any]]) -> list[str]:
             cells += [mode, _count(row["shards_per_epoch"])]
         else:
             p = row["probability"]
-            cells += [f"{row['weight']:g}", _scale(row["scale"]),
+            source = next(s for s in spec.sources if s.name == row["name"])
+            weight = source.schedule.kind if source.schedule is not None else f"{row['weight']:g}"
+            cells += [weight, _scale(row["scale"]),
                       f"{_pct(p['min'])} / {_pct(p['expected'])} / {_pct(p['max'])}",
                       _pct(p["epoch0"])]
         flavors = row.get("subflavors")

@@ -40,6 +40,7 @@ from ..pipeline.shards import WorkerInfoSource, resolve_worker_info
 from ..pipeline.shufflestate import ResumableShuffle
 from ..pipeline.state import Ref, ResumeBook, refetch, track_shards
 from ..tar.shardloop import ShardCursor
+from .schedule import Clock
 from .schema import DatasetSpec
 
 __all__ = [
@@ -69,11 +70,39 @@ def _cumulative(spec: DatasetSpec, epoch: int, seed: int) -> np.ndarray[Any, Any
     return cumulative
 
 
-def source_draws(spec: DatasetSpec, *, seed: int, epoch: int, slot: int, n: int) -> list[int]:
+def _shares(spec: DatasetSpec, epoch: int, seed: int,
+            clock: Clock) -> Callable[[int], np.ndarray[Any, Any]] | None:
+    """For a spec with weight schedules: the cumulative shares of the block of draws that
+    starts after ``n`` draws of the slot (the schedule at the block's middle); else None."""
+    by = spec.schedule_by
+    if by is None:
+        return None
+    factors = spec.scale_factors(epoch, seed)
+
+    def at(n: int) -> np.ndarray[Any, Any]:
+        position = clock.position(by, epoch, n + _BLOCK / 2)
+        weights = np.array([s.weight_at(position) * f
+                            for s, f in zip(spec.sources, factors, strict=True)])
+        cumulative = np.cumsum(weights / weights.sum())
+        cumulative[-1] = 1.0
+        return cumulative
+
+    return at
+
+
+def source_draws(spec: DatasetSpec, *, seed: int, epoch: int, slot: int, n: int,
+                 clock: Clock | None = None) -> list[int]:
     """The first ``n`` source indices the mix of ``slot`` draws in ``epoch``: exactly the
-    runtime's draws (for ``wds-cloud spec check --simulate``), with no I/O."""
+    runtime's draws (for ``wds-cloud spec check --simulate``), with no I/O; ``clock``: the
+    job's shape, for weight schedules."""
     rng = KeyedRandom(seed, epoch, slot, MIX)
-    return [int(i) for i in rng.choose(_cumulative(spec, epoch, seed), n)]
+    shares = _shares(spec, epoch, seed, clock or Clock())
+    if shares is None:
+        return [int(i) for i in rng.choose(_cumulative(spec, epoch, seed), n)]
+    out: list[int] = []
+    while len(out) < n:
+        out += rng.choose(shares(len(out)), _BLOCK).tolist()
+    return out[:n]
 
 
 def keep_extensions(sample: Sample, extensions: Sequence[str] | None) -> Sample:
@@ -144,6 +173,14 @@ class SpecMix(SpecSource):
         super().__init__(spec, urls, seed=seed, worker_info=worker_info, epochs=epochs)
         self.read = read
 
+    #: ``(samples per epoch over all ranks, batch size)`` where the pipeline knows them, for
+    #: weight schedules (:class:`~wds_cloud.spec.schedule.Clock`; set by the dataset)
+    shape: tuple[int | None, int | None] = (None, None)
+    #: ``count(names, counts)``: told the samples each source gave (``counts[i]`` for
+    #: ``names[i]``) after each block of draws and at the end, counted from the block's
+    #: draws, not per sample (per-source statistics; set by the composition root)
+    count: Callable[[Sequence[str], list[int]], None] | None = None
+
     def _epoch(self, worker: int) -> int:
         """The epoch of the iteration starting now (the saved one when resuming)."""
         book = self.book
@@ -172,9 +209,13 @@ class SpecMix(SpecSource):
         flavors = [source.subflavors for source in self.spec.sources]
         filtered = any(source.extensions is not None for source in self.spec.sources)
         rng = KeyedRandom(self.seed, epoch, slot, MIX)
+        shares = _shares(self.spec, epoch, self.seed,
+                         Clock(info.world_size * info.num_workers, *self.shape))
         book = self.book
-        drawn = [0, 0]  # samples drawn before this block, and the source of the last one
+        drawn = [0, 0]  # samples drawn, and the source of the last one
         skip = 0
+        tell = self.count
+        offset = 0  # draws skipped at the start of the block under way (a restore)
         self._keys = list(range(n))  # what each source's shard permutation is keyed by
         if book is not None:
             from .remix import source_keys
@@ -182,16 +223,19 @@ class SpecMix(SpecSource):
             drawn[0] = int(book.get("mix.n", 0))
             skip = drawn[0] % _BLOCK
             rng.skip(drawn[0] - skip)
-            drawn[0] -= skip
             book.part("mix.", lambda: {"mix.n": drawn[0], "mix.last": drawn[1]})
             self._keys = [int(book.get(f"src.{i}.key", i)) for i in range(n)]  # (a remix)
             named = source_keys(self.spec, self.urls, self._keys)
             book.part("names.", lambda: named)
             self._last = (cursors, drawn)
+        begin, draws = drawn[0], np.zeros(0, dtype=np.intp)  # the block under way
         try:
             while True:
+                if shares is not None:  # the schedule's weights, once per block
+                    cumulative = shares(drawn[0] - skip)
                 draws = rng.choose(cumulative, _BLOCK)
                 block = draws.tolist()
+                begin, offset = drawn[0], skip
                 if skip:
                     block, skip = block[skip:], 0
                 for i in block:  # the hot loop: one draw, one sample
@@ -216,7 +260,13 @@ class SpecMix(SpecSource):
                                          strict=True):
                     if count and stream is not None:
                         stream.served += count
+                if tell is not None:
+                    tell(names, np.bincount(draws[offset:], minlength=n).tolist())
+                    begin = drawn[0]
         finally:
+            if tell is not None and drawn[0] > begin:  # the part of a block yielded
+                tell(names, np.bincount(draws[offset:offset + drawn[0] - begin],
+                                        minlength=n).tolist())
             for stream in sources:
                 if stream is not None:
                     close = getattr(stream.samples, "close", None)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .reader import Reader, finish
+from .schedule import WeightSchedule
 from .schema import DatasetSpec, SourceSpec
 
 __all__ = ["parse_energon"]
@@ -58,6 +59,7 @@ class _Leaf:
     repetitions: float = 1.0
     subflavors: dict[str, Any] = field(default_factory=dict)
     split_config: str | None = None
+    schedule: WeightSchedule | None = None
 
 
 def parse_energon(r: Reader, data: Any, split: str) -> DatasetSpec:
@@ -129,22 +131,31 @@ def _node(r: Reader, node: Any, where: str, split: str) -> tuple[str, list[_Leaf
         for i, entry in enumerate(entries):
             leaves += _reference(r, entry, f"{at}{kind}[{i}]", split, "repetitions", {})
         return "samples", leaves
-    weighted = [(_weight(r, e, f"{at}{kind}[{i}]"), f"{at}{kind}[{i}]", e)
+    weighted = [(*_weight(r, e, f"{at}{kind}[{i}]"), f"{at}{kind}[{i}]", e)
                 for i, e in enumerate(entries)]
-    total = sum(w for w, _, _ in weighted)
+    scheduled = any(schedule is not None for _, schedule, _, _ in weighted)
+    # a blend's weights are relative: normalised, so that a nested blend's leaves share its
+    # weight; with a schedule (read in the outermost blend only) the total changes over time
+    total = 1.0 if scheduled else sum(w for w, _, _, _ in weighted)
     if total <= 0:
         raise r.fail(f"{at}{kind}", "all weights are zero: give one dataset a weight > 0")
     leaves = []
-    for w, path, entry in weighted:
+    for w, schedule, path, entry in weighted:
+        if schedule is not None and r.nested:
+            raise r.fail(f"{path}.weight", "a weight schedule in a nested metadataset: give "
+                         "it in the outermost blend (the one the spec names)")
         for leaf in _reference(r, entry, path, split, "weight", {}):
+            factor = leaf.weight
             leaf.weight *= w / total
+            if schedule is not None:
+                leaf.schedule = schedule.scaled(factor)
             leaves.append(leaf)
     return "mix", leaves
 
 
-def _weight(r: Reader, entry: Any, path: str) -> float:
+def _weight(r: Reader, entry: Any, path: str) -> tuple[float, WeightSchedule | None]:
     value = entry.get("weight", 1.0) if isinstance(entry, Mapping) else 1.0
-    return r.number(value, f"{path}.weight", "a weight >= 0")
+    return r.weight(value, f"{path}.weight")
 
 
 def _refuse_subset(r: Reader, path: str) -> None:
@@ -204,6 +215,7 @@ def _nested(r: Reader, location: str, path: str, split: str, scale_key: str, sca
     inner = Reader(doc.origin, r.environ(), r.allow_pipe,
                    base=os.path.dirname(doc.path) or ".", strict=r.strict)
     inner.unused = r.unused
+    inner.nested = True
     top = _top(inner, doc.data)
     if "splits" in top:
         splits = top["splits"]
@@ -234,4 +246,5 @@ def _source(r: Reader, leaf: _Leaf, mode: str, training: bool) -> SourceSpec:
         weight=leaf.weight if mode == "mix" else 1.0,
         repeat=(leaf.repetitions if training else 1.0) if mode == "samples" else None,
         subflavors=leaf.subflavors, split_part=leaf.split_part,
-        split_config=leaf.split_config, key=leaf.key)
+        split_config=leaf.split_config, key=leaf.key,
+        schedule=leaf.schedule if mode == "mix" else None)

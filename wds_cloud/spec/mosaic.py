@@ -154,6 +154,10 @@ def _stream(r: Reader, path: str, name: str, entry: Any,
         source = SourceSpec(name=name, pattern=joined, urls=(joined,), key=source.key,
                             cache_dir=os.path.join(cache_dir, split) if cache_dir else None)
     if "proportion" in given:
+        if isinstance(d["proportion"], Mapping):  # a schedule: counts per epoch cannot follow
+            raise r.fail(f"{at}proportion", "a weight schedule needs a mix by weight; Mosaic's "
+                         "proportions count each stream's samples per epoch (put the streams "
+                         "in a webdataset or Energon spec to schedule their weights)")
         return replace(source, weight=r.number(d["proportion"], f"{at}proportion",
                                                "a proportion >= 0")), "proportion"
     if "repeat" in given:

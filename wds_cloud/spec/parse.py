@@ -137,7 +137,7 @@ def _source(r: Reader, entry: Any, path: str, prefix: str, bucket: str,
     if not urls or any(not u for u in urls):
         raise r.fail(at("shards"), f"{raw!r} expands to an empty URL")
     refuse_pipe(urls, f"{r.origin}: {at('shards')}", r.allow_pipe)
-    weight = r.number(d.get("weight", 1.0), at("weight"), "a weight >= 0")
+    weight, schedule = r.weight(d.get("weight", 1.0), at("weight"))
     scale = _scale(r, d.get("scale", 1.0), at("scale"))
     extensions = _extensions(r, d.get("extensions"), at("extensions"))
     resample = r.count(d["resample"], at("resample")) if "resample" in d else None
@@ -150,7 +150,7 @@ def _source(r: Reader, entry: Any, path: str, prefix: str, bucket: str,
         pattern=" ".join(joined), urls=tuple(urls), weight=weight, scale=scale,
         extensions=extensions, storage_options=merge_scheme_options(
             defaults, r.options(d.get("storage_options"), at("storage_options"))),
-        resample=resample, choose=choose, key=path, spelled=spelled)
+        resample=resample, choose=choose, key=path, spelled=spelled, schedule=schedule)
     if choose is not None and not source.has_glob and choose > len(urls):
         raise r.fail(at("choose"), f"{choose} shards asked for, but {source.pattern!r} has "
                      f"{len(urls)}")

@@ -12,10 +12,12 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import SpecError
+from .schedule import WeightSchedule, check_positive, read_schedule
 from .schema import DatasetSpec, SourceSpec, close_key, expand_vars
 
 __all__ = ["Reader", "finish"]
 
+_UNIT = {"samples": "samples", "step": "steps"}
 _NAME_CUT = re.compile(r"[{*?\[]")
 
 
@@ -35,6 +37,8 @@ class Reader:
         self.base = base
         self.strict = strict
         self.unused: list[tuple[str, str]] = []
+        #: reading a metadataset that another one includes (Energon)
+        self.nested = False
 
     def fail(self, path: str, what: str) -> SpecError:
         return SpecError(f"{self.origin}: {path}: {what}" if path else f"{self.origin}: {what}")
@@ -98,6 +102,15 @@ class Reader:
         if value < 0:
             raise self.fail(path, f"expected {what}, got {value!r} (negative)")
         return float(value)
+
+    def weight(self, value: Any, path: str, what: str = "a weight >= 0"
+               ) -> tuple[float, WeightSchedule | None]:
+        """``(weight, schedule)``: a number, or a schedule mapping (:mod:`.schedule`), whose
+        weight at 0 is the number."""
+        if isinstance(value, Mapping):
+            schedule = read_schedule(value, self.fail, path)
+            return schedule.at(0), schedule
+        return self.number(value, path, what), None
 
     def integer(self, value: Any, path: str, what: str, least: int = 0) -> int:
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
@@ -205,10 +218,36 @@ def finish(r: Reader, sources: list[SourceSpec], **fields: Any) -> DatasetSpec:
     _same_shards(r, sources)
     spec = DatasetSpec(sources=tuple(sources), origin=r.origin, unused=tuple(r.unused),
                        **fields)
-    if spec.mode == "mix":
+    scheduled = [s for s in sources if s.schedule is not None]
+    if scheduled and spec.mode != "mix":
+        raise r.fail(f"{scheduled[0].key}.{scheduled[0].spelling('weight')}",
+                     "a weight schedule needs a mix by weight; this spec counts "
+                     f"{spec.mode} per epoch")
+    if scheduled:
+        _check_schedules(r, scheduled, sources)
+    elif spec.mode == "mix":
         if sum(s.weight * s.scale[1] for s in sources) <= 0:
             raise r.fail("", "all weights are zero: give at least one source a weight > 0")
         if sum(s.weight * s.scale[0] for s in sources) <= 0:
             raise r.fail("", "every source's weight x scale can be zero in the same epoch "
                          "(the scale ranges start at 0); raise a lower bound")
     return spec
+
+
+def _check_schedules(r: Reader, scheduled: list[SourceSpec], sources: list[SourceSpec]) -> None:
+    """One unit for every schedule, and some weight > 0 at every position (with each scale
+    at its low end)."""
+    first = scheduled[0]
+    assert first.schedule is not None
+    for s in scheduled[1:]:
+        assert s.schedule is not None
+        if s.schedule.by != first.schedule.by:
+            raise r.fail(f"{s.key}.{s.spelling('weight')}.by", f"{s.schedule.by!r}, but "
+                         f"{first.key} counts its schedule by {first.schedule.by!r}: the "
+                         "schedules of a spec count the same thing")
+    where = check_positive([(s.scale[0] if s.schedule is not None else s.weight * s.scale[0],
+                             s.schedule) for s in sources])
+    if where is not None:
+        raise r.fail(f"{first.key}.{first.spelling('weight')}",
+                     f"every source's weight is zero at {where:,} {_UNIT[first.schedule.by]} (with "
+                     "each scale at its low end): give some source a weight > 0 there")

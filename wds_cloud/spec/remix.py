@@ -39,9 +39,14 @@ def source_keys(spec: DatasetSpec, urls: Sequence[Sequence[str]],
     for i, (source, found) in enumerate(zip(spec.sources, urls, strict=True)):
         out[f"src.{i}.name"] = source.name
         out[f"src.{i}.list"] = fingerprint(list(found))
-        out[f"src.{i}.weight"] = repr(source.weight)
+        out[f"src.{i}.weight"] = _weight(source)
         out[f"src.{i}.key"] = keys[i]
     return out
+
+
+def _weight(source: Any) -> str:
+    """A source's weight as a state records it (a schedule as its text)."""
+    return repr(source.weight) if source.schedule is None else str(source.schedule)
 
 
 def remap_state(state: Mapping[str, Any], *, spec: DatasetSpec,
@@ -69,7 +74,7 @@ def remap_state(state: Mapping[str, Any], *, spec: DatasetSpec,
                 f"saved ({len(urls[j])} shards now), so its position means nothing; keep its "
                 "shard list, or give the changed source a new name (it then starts afresh)",
                 field=f"src.{name}.shards")
-        weight = repr(spec.sources[j].weight)
+        weight = _weight(spec.sources[j])
         if state.get(f"src.{i}.weight") != weight:
             log.info("resuming %s: source %r goes on from where it stood with weight %s (was "
                      "%s)", spec.origin, name, weight, state.get(f"src.{i}.weight"))

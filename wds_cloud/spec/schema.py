@@ -10,7 +10,8 @@ are listed later, by the composition root). The format (README, "Dataset specs")
     datasets:
       - name: ia1                   # unique; default from the pattern
         shards: ia1-{000000..000033}.tar   # brace pattern, list, or bucket glob
-        weight: 0.3                 # relative share in the mix (default 1)
+        weight: 0.3                 # relative share in the mix (default 1), or a schedule:
+                                    # {schedule: linear, points: {0: 1.0, 10000: 0.2}}
         scale: [0.4, 1.0]           # scalar or [lo, hi]: a factor drawn per epoch
         extensions: nrm.jpg txt     # keep only these members of each sample
         storage_options: {...}      # per-source override
@@ -42,6 +43,7 @@ from typing import Any
 import braceexpand
 
 from ..errors import SpecError, UnsafeURLError
+from .schedule import WeightSchedule
 
 __all__ = ["ALIASES", "DatasetSpec", "SourceSpec", "is_spec_path", "load_spec"]
 
@@ -89,6 +91,8 @@ class SourceSpec:
     split_config: str | None = None
     #: this source's shard cache directory (Mosaic's ``local``)
     cache_dir: str | None = None
+    #: the weight over training (:mod:`.schedule`); ``weight`` is then its value at 0
+    schedule: WeightSchedule | None = None
     #: the keys as the user wrote them, canonical -> spelled (for messages)
     spelled: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -105,6 +109,10 @@ class SourceSpec:
         return (len(self.urls) == 1 and not self.has_glob
                 and not self.urls[0].startswith("pipe:") and self.urls[0] != "-"
                 and not _SHARD_NAME.search(self.urls[0]))
+
+    def weight_at(self, position: float) -> float:
+        """The weight at ``position`` of the schedule (the weight itself without one)."""
+        return self.weight if self.schedule is None else self.schedule.at(position)
 
     def spelling(self, key: str) -> str:
         """``key`` as the user wrote it (``scaleprob`` for ``weight``)."""
@@ -187,13 +195,20 @@ class DatasetSpec:
         return tuple(lo if lo == hi else KeyedRandom(seed, epoch, -1, SCALE, i).uniform(lo, hi)
                      for i, (lo, hi) in enumerate(s.scale for s in self.sources))
 
-    def probabilities(self, epoch: int = 0, seed: int | None = None) -> dict[str, float]:
+    @property
+    def schedule_by(self) -> str | None:
+        """What the weight schedules count (``"samples"`` or ``"step"``), None without any."""
+        return next((s.schedule.by for s in self.sources if s.schedule is not None), None)
+
+    def probabilities(self, epoch: int = 0, seed: int | None = None, *,
+                      at: float = 0) -> dict[str, float]:
         """Each source's share of the samples in ``epoch``: ``weight * scale(epoch)`` over the
-        sum across sources (``seed``: default the spec's, else 0)."""
+        sum across sources (``seed``: default the spec's, else 0); ``at``: the position on
+        the weight schedules (samples or steps, :attr:`schedule_by`)."""
         self._weighted("probabilities")
         seed = (self.seed or 0) if seed is None else seed
-        raw = [s.weight * f for s, f in zip(self.sources, self.scale_factors(epoch, seed),
-                                            strict=True)]
+        raw = [s.weight_at(at) * f for s, f in zip(self.sources,
+                                                   self.scale_factors(epoch, seed), strict=True)]
         total = sum(raw)
         return {s.name: r / total for s, r in zip(self.sources, raw, strict=True)}
 
@@ -223,6 +238,8 @@ class DatasetSpec:
         for s in self.sources:
             entry: dict[str, Any] = {"name": s.name, "shards": s.pattern, "weight": s.weight,
                                      "scale": list(s.scale)}
+            if s.schedule is not None:
+                entry["weight"] = s.schedule.describe()
             if s.extensions is not None:
                 entry["extensions"] = list(s.extensions)
             if s.storage_options:

@@ -5,16 +5,24 @@ parent had counted when it was forked). :func:`report_io_to` has a process also 
 counts to shared memory that another process reads: ``WebLoader(...).io_stats()`` gives each
 of its workers a slot of a ``multiprocessing.RawArray`` this way and sums them. The attempt loop
 of :mod:`wds_cloud.stores.retry` counts requests, retries and failures; the streams count bytes
-and uploads.
+and uploads; the router cache hits.
+
+A spec's sources are counted apart as well (:func:`source_stats`): a thread opening a shard of
+source ``s`` does it within :func:`reading_for` ``(s)``, and the transfer it starts (its
+:class:`~wds_cloud.stores.retry.Retrier`, whichever thread later reads) counts for ``s``; the
+mix tells the samples each source gave (:func:`count_samples`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import MutableSequence
+from collections.abc import Iterator, MutableSequence, Sequence
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["IO_FIELDS", "IOStats", "count_io", "io_stats", "report_io_to", "reset_io_stats"]
+__all__ = ["IO_FIELDS", "SOURCE_FIELDS", "IOStats", "count_io", "count_samples",
+           "current_source", "io_stats", "reading_for", "report_io_to", "reset_io_stats",
+           "source_stats"]
 
 
 @dataclass
@@ -30,30 +38,94 @@ class IOStats:
     bytes_read: int = 0
     failures: int = 0
     uploads: int = 0
+    #: shards served by the shard cache without a request to the store
+    cache_hits: int = 0
 
 
 #: the counters' names, in the order :func:`report_io_to` lays them out
 IO_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(IOStats))
+_IO_INDEX = {name: i for i, name in enumerate(IO_FIELDS)}
+#: what is counted per source of a spec (:func:`source_stats`): samples given by the mix,
+#: shards opened, and the transfers of those shards
+SOURCE_FIELDS: tuple[str, ...] = ("samples", "shards", "requests", "bytes_read", "cache_hits",
+                                  "retries", "resumes", "failures")
+_SOURCE_INDEX = {name: i for i, name in enumerate(SOURCE_FIELDS)}
+_by_source: dict[str, list[int]] = {}
+_reading = threading.local()  # .source: the source whose shard this thread opens
 
 _stats = IOStats()
 _stats_lock = threading.Lock()
-#: where this process adds its counts as well (:func:`report_io_to`): shared slots, first index
-_report: tuple[MutableSequence[int], int] | None = None
+#: where this process adds its counts as well (:func:`report_io_to`): shared slots, first
+#: index, and the first index of each source's counters
+_report: tuple[MutableSequence[int], int, dict[str, int]] | None = None
 
 
-def count_io(**increments: int) -> None:
-    """Add ``increments`` to the counters of :func:`io_stats` (``bytes_read=n``, ...)."""
+def count_io(source: str | None = None, **increments: int) -> None:
+    """Add ``increments`` to the counters of :func:`io_stats` (``bytes_read=n``, ...) and,
+    with ``source`` (a spec source's name), to that source's (:func:`source_stats`), where
+    ``samples`` and ``shards`` are counted too."""
     with _stats_lock:
         for name, n in increments.items():
+            if name in _SOURCE_INDEX and name not in _IO_INDEX:
+                continue
             setattr(_stats, name, getattr(_stats, name) + n)
-        if _report is not None:
-            slots, first = _report
+        if source is not None:
+            mine = _by_source.get(source)
+            if mine is None:
+                mine = _by_source[source] = [0] * len(SOURCE_FIELDS)
             for name, n in increments.items():
-                slots[first + IO_FIELDS.index(name)] += n
+                if name in _SOURCE_INDEX:
+                    mine[_SOURCE_INDEX[name]] += n
+        if _report is not None:
+            slots, first, sources = _report
+            for name, n in increments.items():
+                if name in _IO_INDEX:
+                    slots[first + _IO_INDEX[name]] += n
+            at = sources.get(source) if source is not None else None
+            if at is not None:
+                for name, n in increments.items():
+                    if name in _SOURCE_INDEX:
+                        slots[at + _SOURCE_INDEX[name]] += n
+
+
+
+def count_samples(names: Sequence[str], counts: Sequence[int]) -> None:
+    """Count ``counts[i]`` samples given by the source ``names[i]``: a spec mix's ``count``."""
+    for name, n in zip(names, counts, strict=True):
+        if n:
+            count_io(name, samples=n)
+
+
+def current_source() -> str | None:
+    """The spec source whose shard this thread is opening (:func:`reading_for`), if any: a
+    transfer started now counts for it."""
+    source: str | None = getattr(_reading, "source", None)
+    return source
+
+
+@contextlib.contextmanager
+def reading_for(source: str) -> Iterator[None]:
+    """Within: this thread opens a shard of ``source`` (transfers it starts count for it)."""
+    before = getattr(_reading, "source", None)
+    _reading.source = source
+    try:
+        yield
+    finally:
+        _reading.source = before
+
+
+def source_stats() -> dict[str, dict[str, int]]:
+    """Per spec source, what **this process** counted (:data:`SOURCE_FIELDS`): samples the
+    mix gave, shards opened, their requests, bytes read, cache hits, retries, resumes and
+    failures. ``WebLoader(...).stats()`` sums them over its workers (and ranks)."""
+    with _stats_lock:
+        return {name: dict(zip(SOURCE_FIELDS, counts, strict=True))
+                for name, counts in _by_source.items()}
 
 
 def io_stats() -> dict[str, int]:
-    """Requests, retries, resumes, bytes read, failures and uploads of **this process** so far.
+    """Requests, retries, resumes, bytes read, failures, uploads and shard-cache hits of **this
+    process** so far.
 
     Counters are per process: what DataLoader workers did is counted in the workers, not
     here. ``WebLoader(...).io_stats()`` sums what its workers did (see :func:`report_io_to`).
@@ -62,15 +134,20 @@ def io_stats() -> dict[str, int]:
         return asdict(_stats)
 
 
-def report_io_to(slots: MutableSequence[int] | None, first: int = 0) -> None:
+def report_io_to(slots: MutableSequence[int] | None, first: int = 0,
+                 sources: Sequence[str] = ()) -> None:
     """From now on, also add this process's counts to ``slots[first + i]`` (``i`` the index of
     the counter in :data:`IO_FIELDS`), e.g. a ``multiprocessing.RawArray("q", ...)`` that the
-    parent of a DataLoader worker reads; ``None`` stops it. Counts made before are not added:
-    a forked worker starts with its parent's counters, which are not its own. Each process
-    must have slots of its own (no lock guards them across processes)."""
+    parent of a DataLoader worker reads; ``None`` stops it. The counters of source
+    ``sources[k]`` (:data:`SOURCE_FIELDS`) follow: from ``first + len(IO_FIELDS) + k *
+    len(SOURCE_FIELDS)``. Counts made before are not added: a forked worker starts with its
+    parent's counters, which are not its own. Each process must have slots of its own (no
+    lock guards them across processes)."""
     global _report
+    start = first + len(IO_FIELDS)
+    at = {name: start + k * len(SOURCE_FIELDS) for k, name in enumerate(sources)}
     with _stats_lock:
-        _report = None if slots is None else (slots, first)
+        _report = None if slots is None else (slots, first, at)
 
 
 def reset_io_stats() -> None:
@@ -78,3 +155,4 @@ def reset_io_stats() -> None:
     global _stats
     with _stats_lock:
         _stats = IOStats()
+        _by_source.clear()

@@ -47,7 +47,15 @@ from urllib.parse import urlsplit
 from ..errors import AccessDeniedError, OpenError, ShardNotFoundError, TransferError
 from ..settings import Settings
 from ..urls import redact, redact_text
-from .iostats import IO_FIELDS, IOStats, count_io, io_stats, report_io_to, reset_io_stats
+from .iostats import (
+    IO_FIELDS,
+    IOStats,
+    count_io,
+    current_source,
+    io_stats,
+    report_io_to,
+    reset_io_stats,
+)
 
 __all__ = [
     "IO_FIELDS",
@@ -297,11 +305,13 @@ class Retrier:
         self.attempts = 0  # requests made
         self._rng = rng  # made at the first retry: seeding one costs ~50 µs, per shard
         self._warned = False
+        #: the spec source whose shard this transfer reads (counted for it), if any
+        self.source = current_source()
 
     def attempt(self, *, resume: bool = False) -> None:
         """Count a request about to be made (``resume``: one that continues a transfer)."""
         self.attempts += 1
-        count_io(requests=1, resumes=int(resume))
+        count_io(self.source, requests=1, resumes=int(resume))
 
     def succeeded(self) -> None:
         """The transfer moved forward: the failures in a row start again from zero."""
@@ -326,7 +336,7 @@ class Retrier:
         if self._rng is None:
             self._rng = random.Random()
         delay = self.policy.delay(self.failures, self._rng)
-        count_io(retries=1)
+        count_io(self.source, retries=1)
         where = f"{what} for {self.resolved_url}" if what else \
             f"{self.resolved_url} at byte {self.offset}"
         level = logging.INFO if self._warned else logging.WARNING
@@ -345,7 +355,7 @@ class Retrier:
 
     def give_up(self, why: str) -> TransferError:
         """The error that ends the transfer (counted as a failure in :func:`io_stats`)."""
-        count_io(failures=1)
+        count_io(self.source, failures=1)
         shown = self.url if self.url == self.resolved_url else \
             f"{self.url} ({self.resolved_url})"
         at = f" at byte {self.offset}" if self.doing == "read" else ""

@@ -143,7 +143,7 @@ class ResumableStream(SequentialStream):
             if n:
                 self._pos = retrier.offset = self._pos + n
                 retrier.succeeded()
-                count_io(bytes_read=n)
+                count_io(retrier.source, bytes_read=n)
                 return got
             if self._size is None or self._pos >= self._size:
                 return got
