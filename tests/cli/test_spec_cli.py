@@ -332,3 +332,19 @@ def test_shard_sizes_on_s3(store_factory: Callable[[str], Store]) -> None:
     assert shard_sizes(many, router=router, listings=listings).get(many[5]) is None
     gone = [f"s3://no-such-bucket-here/s{k}.tar" for k in range(5)]
     assert shard_sizes(gone, router=router) == {}
+
+
+@pytest.mark.parametrize("name", ["missing.yaml", "missing.json#train", "missing", "train.yml.bak"])
+def test_a_spec_file_that_does_not_exist_exits_2(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path, name: str) -> None:
+    """As the README says (2: "or the spec file missing"), whatever its name ends with: a
+    missing file is not an invalid spec (1)."""
+    path = str(tmp_path / name)
+    code, out, err = _check(capsys, path)
+    assert code == 2 and out == ""
+    assert err == (f"wds-cloud spec check: {path.split('#')[0]}: cannot read the spec: no such "
+                   "file" + ("" if path.endswith((".yaml", "#train")) else
+                             " (a spec is a .yaml/.yml/.json file)") + "\n")
+    (tmp_path / "notes.txt").write_text("datasets: []\n")  # there, but not a spec: invalid
+    code, _, err = _check(capsys, str(tmp_path / "notes.txt"))
+    assert code == 1 and "invalid spec: cannot load a dataset spec from" in err

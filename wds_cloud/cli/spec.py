@@ -116,7 +116,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
         spec = load_spec(args.file, environ=settings.environ, allow_pipe=args.allow_pipe,
                          split=args.split, strict=args.strict)
     except (ConfigError, UnsafeURLError) as exc:
-        if isinstance(exc.__cause__, FileNotFoundError):  # the spec file (or one it names)
+        if isinstance(exc.__cause__, OSError):  # the spec file (or one it names) unreadable
             print(f"wds-cloud spec check: {exc}", file=sys.stderr)
             return UNREACHABLE
         return _invalid(str(exc), hint=isinstance(exc, UnsafeURLError))
