@@ -348,3 +348,23 @@ def test_a_spec_file_that_does_not_exist_exits_2(capsys: pytest.CaptureFixture[s
     (tmp_path / "notes.txt").write_text("datasets: []\n")  # there, but not a spec: invalid
     code, _, err = _check(capsys, str(tmp_path / "notes.txt"))
     assert code == 1 and "invalid spec: cannot load a dataset spec from" in err
+
+
+def test_an_extension_no_member_has_is_a_warning_with_the_closest(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``extensions: txt clss`` kept only ``txt``, silently: the shard read has no ``clss``
+    member; the warning names the source, its key, the extension and the one it may mean."""
+    pattern = _local(tmp_path, "a", 2, 5)
+    path = _write(tmp_path, {"datasets": [{"name": "a", "shards": pattern,
+                                           "extensions": "txt clss"},
+                                          {"name": "b", "shards": _local(tmp_path, "b", 1, 3),
+                                           "extensions": ["cls"]}]})
+    code, out, err = _check(capsys, path)
+    assert code == 0 and err == ""
+    warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: a: {path}: datasets[0].extensions: 'clss' matches no member of the 5 samples "
+        f"of {tmp_path}/a/000.tar (extensions there: cls, txt): none is kept for it; did you "
+        "mean 'cls'?"]
+    code, report = _report(capsys, path)
+    assert code == 0 and report["warnings"] == [warnings[0].removeprefix("warning: ")]
