@@ -25,6 +25,7 @@ options that adlfs hands on to azure-identity's ``DefaultAzureCredential``.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any, BinaryIO
 
@@ -51,6 +52,8 @@ from .retry import (
 )
 
 __all__ = ["AzureOpener"]
+
+log = logging.getLogger(__name__)
 
 _AZURE_CREDENTIAL_OPTIONS = frozenset({
     "additionally_allowed_tenants", "authority", "managed_identity_client_id",
@@ -81,10 +84,14 @@ def _azure_options(policy: RetryPolicy) -> dict[str, Any]:
 def _one_attempt(client: Any, timeout: float) -> None:
     """Set the requests of adlfs's service ``client`` (and of the container and blob clients
     made from it, which share its policies and transport) to no retries and ``timeout``."""
-    retry = client._config.retry_policy
+    config = getattr(client, "_config", None)
+    retry = getattr(config, "retry_policy", None)
+    connection = getattr(getattr(config, "transport", None), "connection_config", None)
+    if retry is None or connection is None:  # another azure-storage-blob: reads still are ours
+        log.debug("azure-storage-blob's client has no retry_policy or transport to set")
+        return
     for count in ("total_retries", "connect_retries", "read_retries", "status_retries"):
         setattr(retry, count, 0)
-    connection = client._config.transport.connection_config
     connection.timeout = connection.read_timeout = timeout
 
 
