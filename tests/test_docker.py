@@ -187,3 +187,16 @@ def test_dockerfile_runs_unprivileged_without_secrets() -> None:
     assert not re.search(r"(SECRET|PASSWORD|TOKEN|AccountKey)\s*=", text, re.I)
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "docker/.env"} <= set(ignored), ignored
+
+
+def test_the_env_file_the_readme_has_one_copy_is_ignored_by_git() -> None:
+    """``cp docker/.env.example docker/.env`` (docker/README.md) leaves no untracked file: git
+    ignores the copy (it may hold a MinIO password), not the example."""
+    def ignored(path: str) -> bool:
+        done = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode in (0, 1), done.stderr
+        return done.returncode == 0
+    assert "cp docker/.env.example docker/.env" in (DOCKER / "README.md").read_text()
+    assert ignored("docker/.env")
+    assert not ignored("docker/.env.example")

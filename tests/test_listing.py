@@ -1,10 +1,12 @@
 """:func:`wds_cloud.listing.shard_sizes` for http(s) URLs, on real servers: nginx (ranges),
 Python's ``http.server`` (which ignores them) and the fault proxy (error answers); and the
-retries of S3 listings and lookups (``shard_sizes`` and ``glob``) behind the fault proxy."""
+retries of S3, GCS and Azure listings and lookups (``shard_sizes`` and ``glob``) behind the
+fault proxy."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,17 +65,19 @@ def test_error_answers_are_retried_then_name_the_url(
 
 
 @pytest.mark.parametrize("status", [503, 500])
-def test_s3_listings_and_lookups_are_retried_by_the_policy(
+@pytest.mark.parametrize("name", ["s3", "gs", "az"])
+def test_listings_and_lookups_are_retried_by_the_policy(
         store_factory: Callable[[str], Store], fault_proxy: Callable[..., FaultProxy],
-        status: int) -> None:
-    """A 503 or 500 on a glob, a listing or a lookup is retried by our policy (botocore's
-    retries and s3fs's loop are off): WDS_RETRIES of them, then the error names the URL, with
+        status: int, name: str) -> None:
+    """A 503 or 500 on a glob, a listing or a lookup is retried by our policy (the libraries
+    make one attempt: s3fs's loop and botocore's retries, gcsfs's ``retry_request`` and
+    azure-core's retry policy are off): WDS_RETRIES of them, then the error names the URL, with
     nobody retrying behind our back; a store that answers in between is read."""
-    s3 = store_factory("s3")
+    store = store_factory(name)
     for k in range(5):
-        s3.put(f"listed/a-{k}.tar", b"x" * (10 + k))
-    proxy = fault_proxy(s3)
-    via = s3.proxied(proxy)
+        store.put(f"listed/a-{k}.tar", b"x" * (10 + k))
+    proxy = fault_proxy(store)
+    via = store.proxied(proxy)
     settings = Settings(retries=2, retry_backoff=0.01)
     router = Router(settings, via.storage_options)
     few, many = [via.url(f"listed/a-{k}.tar") for k in range(2)], \
@@ -83,14 +87,19 @@ def test_s3_listings_and_lookups_are_retried_by_the_policy(
     for call, said in [(lambda: shard_sizes(few, router=router), f"cannot look up {few[0]}"),
                        (lambda: shard_sizes(many, router=router),
                         f"cannot list {via.url('listed')}"),
-                       (lambda: opener.glob(pattern, storage_options=via.storage_options["s3"],
+                       (lambda: opener.glob(pattern, storage_options=via.storage_options[name],
                                             settings=settings), f"cannot list {pattern}")]:
         proxy.reset()  # the counts, and the faults back to none
         proxy.configure(error_rate=1.0, error_status=status)
         with pytest.raises(TransferError, match=f"^{re.escape(said)}: HTTP {status} "
-                                                "(SlowDown |InternalError )?on"):
+                                                "([A-Za-z]+ )?on"):
             call()
-        assert [r.status for r in proxy.requests()] == [status] * 3
+        # one attempt may be more than one request (adlfs's glob first asks whether the
+        # directory is a blob, gcsfs's info lists the object's "directory" beside the GET):
+        # no request is made more than the 3 attempts, each in full
+        sent = Counter((r.method, r.path, r.query) for r in proxy.requests())
+        assert {r.status for r in proxy.requests()} == {status}
+        assert max(sent.values()) == 3 and len(sent) <= 2
 
     proxy.reset()
     proxy.configure(error_rate=0.5, error_status=status)
@@ -100,30 +109,9 @@ def test_s3_listings_and_lookups_are_retried_by_the_policy(
     sizes = {u: 10 + k for k, u in enumerate(many)}
     assert shard_sizes(few, router=router) == {u: sizes[u] for u in few}
     assert shard_sizes(many, router=router) == sizes
-    assert opener.glob(pattern, storage_options=via.storage_options["s3"],
+    assert opener.glob(pattern, storage_options=via.storage_options[name],
                        settings=settings) == many
     errors = proxy.stats()["faults"]["error"]
-    assert errors > 0 and wds.io_stats()["retries"] == errors
-
-
-def test_a_listing_the_library_retries_ends_in_our_error(
-        store_factory: Callable[[str], Store], fault_proxy: Callable[..., FaultProxy]) -> None:
-    """azure-core (and gcsfs) retry listings by their own policies (azure-core's does not retry
-    a 429; a 500 it retries 3 times over ~90 s, gcsfs 5 times over ~30 s). When the library
-    gives up, the error is ours (``TransferError``, naming the pattern), not the library's nor
-    the internal ``RetryableError``, and our policy adds no retries on top of the SDK's."""
-    az = store_factory("az")
-    az.put("listed/a-0.tar", b"x")
-    proxy = fault_proxy(az)
-    via = az.proxied(proxy)
-    proxy.configure(error_rate=1.0, error_status=429, retry_after=0, only_methods=["GET"])
-    pattern = via.url("listed/a-*.tar")
-    with pytest.raises(TransferError, match=f"^cannot list {re.escape(pattern)}: HTTP 429 .*on "
-                                            "listing [(]the store's library retries it by its "
-                                            "own policy, not WDS_RETRIES[)]$"):
-        get_opener(pattern).glob(pattern, storage_options=via.storage_options["az"],
-                                 settings=Settings(retries=8, retry_backoff=0.01))
-    gets = [r.status for r in proxy.requests() if r.method == "GET"]
-    # the SDK's attempts (1 for a 429 in azure-storage-blob 12; 4 at most by its default
-    # policy), not our policy's 9 on top of them
-    assert gets and set(gets) == {429} and len(gets) <= 4
+    retries = wds.io_stats()["retries"]
+    # gcsfs's lookups send a second request alongside (above): some faults fall on it
+    assert errors > 0 and (0 < retries <= errors if name == "gs" else retries == errors)

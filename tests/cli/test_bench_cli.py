@@ -5,6 +5,9 @@ baseline and its ratio, ``--plot`` PNGs and the missing-matplotlib message."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -212,3 +215,33 @@ def test_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "one spec, or URLs" in err
     code, _, err = _bench(capsys, _write(tmp_path / "d"), "--seconds", "0")
     assert code == 2 and "--seconds" in err
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_interrupted_before_the_first_sample_says_so_and_exits_130(
+        tmp_path: Path, workers: int) -> None:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the first shard is
+    still being asked for: "interrupted", exit 130 (not "error: no samples"), and no
+    traceback, from the command nor from a DataLoader worker being forked."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:  # accepts, never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        server.settimeout(120)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/s-{{000..003}}.tar"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "wds_cloud.cli", "bench", url, "--workers", str(workers),
+             "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            start_new_session=True)
+        try:
+            conn, _ = server.accept()  # the first GET is sent: the reading has started
+            os.killpg(proc.pid, signal.SIGINT)
+            out, err = proc.communicate(timeout=120)
+            conn.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 130, err
+    assert out == "" and "no samples" not in err
+    assert f"wds-cloud bench: interrupted before the first sample of {url}\n" in err
+    assert "Traceback" not in err and "Exception ignored" not in err, err

@@ -251,3 +251,22 @@ def test_on_s3(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     code, out, _ = inspect(capsys, store.url("data/0[3]*.tar"), "--storage-options",
                            json.dumps(store.storage_options))
     assert code == 1 and f"duplicate-key: {store.url('data/03-dup.tar')} member 'du1.txt'" in out
+
+
+def test_a_shard_cut_in_the_last_members_padding(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path) -> None:
+    """The member is whole: the line names the shard, the member and where the archive is cut."""
+    whole = write_tar(tmp_path / "whole.tar", [("k0", {"txt": b"hello", "cls": b"12345678"})])
+    data = Path(whole).read_bytes()
+    with tarfile.open(whole) as t:
+        last = t.getmembers()[-1]
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(data[:last.offset_data + last.size + 4])
+    assert main(["inspect", str(cut)]) == 1
+    line = next(line for line in capsys.readouterr().out.splitlines() if "corrupt:" in line)
+    assert line.strip() == (
+        f"corrupt: {cut} member {last.name!r} at offset {last.offset}: the archive is cut at "
+        f"offset {last.offset_data + last.size + 4}, in the padding after {last.name!r}, which "
+        f"is whole ({last.size} bytes of data at offset {last.offset_data}): "
+        f"{512 - last.size - 4} bytes of padding and the end-of-archive blocks are missing (a "
+        "shard cut short, e.g. by an interrupted copy or upload)")

@@ -353,3 +353,39 @@ def test_check_shows_a_schedules_shares_at_a_few_positions_and_plots_them(
     doc = json.loads(capsys.readouterr().out)
     assert doc["schedule"]["positions"] == [0, 2000, 4000, 6000, 8000, 10000]
     assert doc["sources"][0]["schedule"]["schedule"] == "linear"
+
+
+@pytest.mark.parametrize("name", ["missing.yaml", "missing.json#train", "missing", "train.yml.bak"])
+def test_a_spec_file_that_does_not_exist_exits_2(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path, name: str) -> None:
+    """As the README says (2: "or the spec file missing"), whatever its name ends with: a
+    missing file is not an invalid spec (1)."""
+    path = str(tmp_path / name)
+    code, out, err = _check(capsys, path)
+    assert code == 2 and out == ""
+    assert err == (f"wds-cloud spec check: {path.split('#')[0]}: cannot read the spec: no such "
+                   "file" + ("" if path.endswith((".yaml", "#train")) else
+                             " (a spec is a .yaml/.yml/.json file)") + "\n")
+    (tmp_path / "notes.txt").write_text("datasets: []\n")  # there, but not a spec: invalid
+    code, _, err = _check(capsys, str(tmp_path / "notes.txt"))
+    assert code == 1 and "invalid spec: cannot load a dataset spec from" in err
+
+
+def test_an_extension_no_member_has_is_a_warning_with_the_closest(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``extensions: txt clss`` kept only ``txt``, silently: the shard read has no ``clss``
+    member; the warning names the source, its key, the extension and the one it may mean."""
+    pattern = _local(tmp_path, "a", 2, 5)
+    path = _write(tmp_path, {"datasets": [{"name": "a", "shards": pattern,
+                                           "extensions": "txt clss"},
+                                          {"name": "b", "shards": _local(tmp_path, "b", 1, 3),
+                                           "extensions": ["cls"]}]})
+    code, out, err = _check(capsys, path)
+    assert code == 0 and err == ""
+    warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: a: {path}: datasets[0].extensions: 'clss' matches no member of the 5 samples "
+        f"of {tmp_path}/a/000.tar (extensions there: cls, txt): none is kept for it; did you "
+        "mean 'cls'?"]
+    code, report = _report(capsys, path)
+    assert code == 0 and report["warnings"] == [warnings[0].removeprefix("warning: ")]

@@ -208,3 +208,37 @@ def test_a_state_restored_twice_goes_on_exactly(spec: dict[str, Any]) -> None:
         state = dataset.state_dict()
         assert state["mix.n"] == len(got)
     assert got == full
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_an_extension_that_matches_nothing_is_warned_about_once(
+        spec: dict[str, Any], weighted: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """``extensions: txt clss`` (``cls`` misspelt) kept only ``txt``, silently: a WARNING names
+    the source, the extension and the closest extension the samples have, once per process;
+    a spelling that matches says nothing."""
+    spec["datasets"][0]["extensions"] = "txt clss"
+    spec["datasets"][1]["extensions"] = "txt"
+    if not weighted:  # a counted spec: every shard once
+        spec["datasets"] = [{k: v for k, v in d.items() if k not in ("weight", "scale")}
+                            for d in spec["datasets"]]
+    for _ in range(2):
+        samples = list(itertools.islice(iter(wds.WebDataset(spec, seed=2)), 500))
+        assert all("cls" not in s for s in samples if s["__source__"] in ("a", "b"))
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"
+            and r.name == "wds_cloud.spec.extensions"]
+    assert len(said) == 1, said
+    assert said[0].endswith(": datasets[0].extensions (source 'a'): 'clss' matches no member "
+                            "of the first 100 samples read "
+                            "(extensions there: cls, txt): none is kept for it; did you "
+                            "mean 'cls'?")
+
+
+def test_a_source_with_fewer_samples_than_checked_is_warned_about_at_its_end(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spec = {"datasets": [{"name": "small", "shards": _source(tmp_path, "small", 1, 7),
+                          "extensions": ["txt", "jpeg"]}]}
+    assert len(list(wds.WebDataset(spec))) == 7
+    said = [r.getMessage() for r in caplog.records if r.name == "wds_cloud.spec.extensions"]
+    assert len(said) == 1 and said[0].endswith(
+        "'jpeg' matches no member of the 7 samples read (extensions there: cls, txt): none is "
+        "kept for it")

@@ -6,7 +6,13 @@ schemes an unknown one is told about, and the I/O counters of DataLoader workers
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,3 +108,61 @@ def test_webloader_sums_the_io_of_its_workers(
     assert wds.io_stats()["requests"] == 0  # the main process read nothing itself
     assert sorted(p.name for p in tmp_path.glob("worker-*")) == ["worker-0", "worker-1"]
     assert wds.WebLoader(dataset, batch_size=None).io_stats()["requests"] == 0  # no workers
+
+
+_PYTHON_READER = """
+import json, sys
+import wds_cloud as wds
+url, options = sys.argv[1], json.loads(sys.argv[2])
+try:
+    next(iter(wds.WebDataset(url, storage_options=options, shardshuffle=False)))
+except wds.WdsCloudError as exc:
+    print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def _cli_options(options: dict[str, Any]) -> list[str]:
+    return [arg for scheme, values in options.items() for name, value in values.items()
+            for arg in ("-o", f"{scheme}.{name}={value}")]
+
+
+@pytest.mark.parametrize("endpoint", ["refused", "silent"])
+@pytest.mark.parametrize("name", ["http", "s3", "gs", "az"])
+@pytest.mark.parametrize("via", ["cli", "python"])
+def test_an_unreachable_endpoint_ends_within_the_budget_in_one_line(
+        name: str, endpoint: str, via: str, tmp_path: Path) -> None:
+    """``wds-cloud ls`` and ``WebDataset`` against an endpoint where nothing listens (refused)
+    or where nothing answers (a listening socket that never accepts: each request waits out
+    WDS_TIMEOUT): a listing (a bucket's glob) or a lookup or read (http) ends after
+    WDS_RETRIES retries, with one error line naming the URL and neither a library's traceback
+    nor its ERROR log (gcsfs retried 6 times over 34 s and logged a traceback, azure-core 3
+    times a request over 2m47s)."""
+    retries, timeout = 1, 2.0
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as silent:
+        if endpoint == "silent":
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(64)
+            port = silent.getsockname()[1]
+        else:
+            port = free_port()
+        url, options = _refused(name, port)
+        if name != "http":
+            url = url.replace("shard.tar", "*.tar")  # a listing
+        env = {**os.environ, "WDS_RETRIES": str(retries), "WDS_TIMEOUT": str(timeout),
+               "WDS_RETRY_BACKOFF": "0.01"}
+        command = ([sys.executable, "-m", "wds_cloud.cli", "ls", url, *_cli_options(options)]
+                   if via == "cli" else
+                   [sys.executable, "-c", _PYTHON_READER, url, json.dumps(options)])
+        start = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300,
+                              cwd=tmp_path)
+        elapsed = time.monotonic() - start
+    errors = [line for line in done.stderr.splitlines()
+              if "error" in line.lower() and not line.startswith("WARNING wds_cloud")]
+    assert done.returncode == 2, done.stderr
+    assert len(errors) == 1 and url in errors[0], done.stderr
+    assert "Traceback" not in done.stderr and "ERROR" not in done.stderr, done.stderr
+    assert ("connection refused" if endpoint == "refused" else "timed out") in errors[0]
+    # every attempt may wait out the timeout; 15 s for starting Python on a busy machine
+    assert elapsed < (retries + 1) * timeout + 0.01 * retries + 15, (elapsed, done.stderr)

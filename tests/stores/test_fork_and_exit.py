@@ -108,3 +108,36 @@ def test_a_stream_left_open_does_not_keep_the_process_from_exiting(
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == [str(len(payload)) if how == "dataset" else "1000"]
     assert took < 20, f"the process took {took:.1f} s to exit"
+
+
+def test_a_ctrl_c_in_a_child_being_forked_does_not_stop_the_loops_detach(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C goes to the whole process group: a DataLoader worker being forked may get its
+    KeyboardInterrupt inside the fork hook, which Python reports as "Exception ignored in:
+    <function _detach_loop>" with a traceback. The detach is finished all the same (the child
+    must not close the parent's connections) and nothing is raised (the parent stops)."""
+    import asyncio
+    import selectors
+
+    from wds_cloud.stores import aio
+
+    loop = asyncio.new_event_loop()
+    shared = loop._selector  # type: ignore[attr-defined]
+    made = []
+    real = selectors.DefaultSelector
+
+    def interrupted_once() -> selectors.BaseSelector:
+        if not made:
+            made.append(None)
+            raise KeyboardInterrupt
+        made.append(real())
+        return made[-1]
+
+    monkeypatch.setattr(aio.selectors, "DefaultSelector", interrupted_once)
+    monkeypatch.setattr(aio, "_loop_at_fork", [loop])
+    aio._detach_loop()  # does not raise
+    own = loop._selector  # type: ignore[attr-defined]
+    assert own is made[-1] and own is not shared and shared.get_map() is None  # closed
+    assert not loop.is_running() and aio._loop_at_fork == [None]
+    monkeypatch.undo()
+    loop.close()

@@ -142,3 +142,21 @@ def test_a_bad_header_is_a_corrupt_anomaly_with_its_offset() -> None:
     assert kinds(a) == {"corrupt": 1} and a.members == 1
     (x,) = a.anomalies
     assert x.offset == 1024 and "checksum" in x.message and x.url == "s.tar"
+
+
+def test_a_shard_cut_in_the_padding_of_its_last_member_says_that_member_is_whole() -> None:
+    """Cut after the last member's data, inside its padding: the member is whole, the archive
+    is cut (it said "8 bytes of data expected at offset ..." as if the data were missing)."""
+    data = archive([(info("a.txt"), b"hello"), (info("a.cls"), b"12345678")])
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        cls = t.getmember("a.cls")
+    at = cls.offset_data
+    (cut,) = audit(data[:at + 12], url="cut.tar").anomalies
+    assert (cut.kind, cut.member, cut.offset) == ("corrupt", "a.cls", cls.offset)
+    assert cut.message == (f"the archive is cut at offset {at + 12}, in the padding after "
+                           f"'a.cls', which is whole (8 bytes of data at offset {at}): 500 "
+                           "bytes of padding and the end-of-archive blocks are missing (a "
+                           "shard cut short, e.g. by an interrupted copy or upload)")
+    (short,) = audit(data[:at + 4], url="cut.tar").anomalies  # inside the data: not whole
+    assert short.message == (f"truncated member: 8 bytes of data expected at offset {at}, "
+                             "the stream ends before") and short.offset == cls.offset

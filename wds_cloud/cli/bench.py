@@ -225,10 +225,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   "(set --limit or --seconds)", file=sys.stderr)
     dataset = _dataset(spec, shards, args)
     run = _measure(_loader(dataset, args.workers), args.limit, seconds, args.quiet)
+    if not run.samples and run.stopped == "interrupted":  # nothing to report, nothing wrong
+        print(f"wds-cloud bench: interrupted before the first sample of "
+              f"{', '.join(inputs.given)}", file=sys.stderr)
+        return INTERRUPTED
     if not run.samples:
         print(f"wds-cloud bench: error: no samples in {', '.join(inputs.given)}",
               file=sys.stderr)
-        return INTERRUPTED if run.stopped == "interrupted" else PROBLEMS
+        return PROBLEMS
     if args.no_baseline or run.stopped == "interrupted":
         baseline = Baseline(skipped="--no-baseline" if args.no_baseline else "interrupted")
     else:

@@ -122,7 +122,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
         spec = load_spec(args.file, environ=settings.environ, allow_pipe=args.allow_pipe,
                          split=args.split, strict=args.strict)
     except (ConfigError, UnsafeURLError) as exc:
-        if isinstance(exc.__cause__, FileNotFoundError):  # the spec file (or one it names)
+        if isinstance(exc.__cause__, OSError):  # the spec file (or one it names) unreadable
             print(f"wds-cloud spec check: {exc}", file=sys.stderr)
             return UNREACHABLE
         return _invalid(str(exc), hint=isinstance(exc, UnsafeURLError))
@@ -143,7 +143,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
         found, invalid, errors = _probe_all(spec, settings, cli_options,
                                              quiet=args.quiet or args.json)
     rows = rows_of(spec, found, shape, seed)
-    warnings = warnings_of(spec, rows, shape)
+    warnings = warnings_of(spec, rows, shape) + _extension_warnings(spec, found)
     unused = list(dict.fromkeys([*spec.unused, *(note for got in found for note in got.notes)]))
     if args.strict and unused:
         invalid += [f"invalid spec: {spec.origin}: {key}: not used here: {why} (--strict)"
@@ -227,6 +227,21 @@ def _plot(path: str, spec: DatasetSpec, seed: int) -> None:
         fig.savefig(path, dpi=100, format="png")
     except OSError as exc:
         raise ConfigError(f"--plot {path}: cannot write it: {exc}") from exc
+
+
+def _extension_warnings(spec: DatasetSpec, found: Sequence[Found]) -> list[str]:
+    """A source's ``extensions`` that no member of the shard read has (``clss``)."""
+    from ..spec.extensions import unmatched_extensions, unmatched_message
+
+    out = []
+    for source, got in zip(spec.sources, found, strict=True):
+        if source.extensions is None or not got.samples_read or got.shard_read is None:
+            continue
+        for ext, close in unmatched_extensions(source.extensions, got.extensions):
+            where = f"the {plural(got.samples_read, 'sample')} of {redact(got.shard_read)}"
+            out.append(f"{source.name}: {spec.origin}: {source.key}.extensions: "
+                       f"{unmatched_message(ext, close, got.extensions, where)}")
+    return out
 
 
 def _invalid(message: str, *, hint: bool = False) -> int:
@@ -317,6 +332,7 @@ def _probe(spec: DatasetSpec, source: SourceSpec, settings: Settings, got: Found
 
     from ..listing import shard_sizes
     from ..router import Router
+    from ..spec.extensions import sample_extensions
     from ..specdataset import spec_settings
     from ..specshards import list_source
 
@@ -344,7 +360,10 @@ def _probe(spec: DatasetSpec, source: SourceSpec, settings: Settings, got: Found
         wds.SimpleShardList([smallest]),
         wds.tarfile_to_samples(storage_options=options, settings=settings))
     got.shard_read = smallest
-    got.samples_read = sum(1 for _ in pipeline)
+    got.samples_read = 0
+    for sample in pipeline:
+        got.samples_read += 1
+        got.extensions.update(sample_extensions(sample))
     steps.step(f"read {source.name}")
 
 

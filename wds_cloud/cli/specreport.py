@@ -51,6 +51,8 @@ class Found:
     samples_known: int | None = None
     #: ``(key, why)`` read where the shards are but not used here (``.nv-meta/dataset.yaml``)
     notes: list[tuple[str, str]] = field(default_factory=list)
+    #: the member extensions of the shard read (``shard_read``)
+    extensions: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)

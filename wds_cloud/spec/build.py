@@ -40,6 +40,7 @@ from ..pipeline.shards import WorkerInfoSource, resolve_worker_info
 from ..pipeline.shufflestate import ResumableShuffle
 from ..pipeline.state import Ref, ResumeBook, refetch, track_shards
 from ..tar.shardloop import ShardCursor
+from .extensions import ExtensionCheck
 from .schedule import Clock
 from .schema import DatasetSpec
 
@@ -208,6 +209,7 @@ class SpecMix(SpecSource):
         names = [source.name for source in self.spec.sources]
         flavors = [source.subflavors for source in self.spec.sources]
         filtered = any(source.extensions is not None for source in self.spec.sources)
+        check = ExtensionCheck(self.spec)
         rng = KeyedRandom(self.seed, epoch, slot, MIX)
         shares = _shares(self.spec, epoch, self.seed,
                          Clock(info.world_size * info.num_workers, *self.shape))
@@ -249,6 +251,8 @@ class SpecMix(SpecSource):
                         raise ConfigError(f"{self._what(i)}: the reader stopped (its handler "
                                           "said stop)") from None
                     if filtered:
+                        if check.active:
+                            check.see(i, sample)
                         sample = keep_extensions(sample, self.spec.sources[i].extensions)
                     sample["__source__"] = names[i]
                     if flavors[i] is not None:
@@ -389,14 +393,18 @@ class SpecEpochShards(SpecSource):
                         info.world_size, info.num_workers)
         mine = items[slot::slots]
         owner = {url: i for url, i in reversed(mine)}  # the first source naming a URL
+        check = ExtensionCheck(self.spec)
         for sample in self.read(({"url": url} for url, _ in mine), -1):
             i = owner.get(sample.get("__url__", ""), mine[0][1] if mine else 0)
             source = self.spec.sources[i]
+            if check.active:
+                check.see(i, sample)
             sample = keep_extensions(sample, source.extensions)
             sample["__source__"] = source.name
             if source.subflavors is not None:
                 sample["__subflavors__"] = source.subflavors
             yield sample
+        check.finish()
 
 
 class SpecShardMix(SpecSource):

@@ -34,6 +34,7 @@ from ..pipeline.epochs import EpochCounter
 from ..pipeline.rng import MIX, SHARDS, KeyedRandom
 from ..pipeline.shards import WorkerInfoSource, resolve_worker_info
 from .build import SpecSource
+from .extensions import ExtensionCheck
 from .schema import DatasetSpec
 
 __all__ = ["Piece", "SpecSampleEpochs", "deal", "epoch_counts", "plan"]
@@ -158,7 +159,8 @@ class SpecSampleEpochs(SpecSource):
         log.info("%s: epoch %d, slot %d: %d samples (%s)", self.spec.origin, epoch, slot,
                  sum(left), ", ".join(f"{s.name} {n}" for s, n in zip(self.spec.sources, left,
                                                                       strict=True)))
-        readers = [self._pieces(i, p) for i, p in enumerate(mine)]
+        check = ExtensionCheck(self.spec)
+        readers = [self._pieces(i, p, check) for i, p in enumerate(mine)]
         rng = KeyedRandom(self.seed, epoch, slot, MIX)
         remaining = sum(left)
         try:
@@ -177,11 +179,13 @@ class SpecSampleEpochs(SpecSource):
                 left[i] -= 1
                 remaining -= 1
                 yield sample
+            check.finish()
         finally:
             for reader in readers:
                 reader.close()
 
-    def _pieces(self, i: int, pieces: list[Piece]) -> Generator[Sample, None, None]:
+    def _pieces(self, i: int, pieces: list[Piece],
+                check: ExtensionCheck) -> Generator[Sample, None, None]:
         source = self.spec.sources[i]
         wanted = set(source.extensions) if source.extensions is not None else None
         for j, first, end in pieces:
@@ -192,6 +196,8 @@ class SpecSampleEpochs(SpecSource):
                 for sample in samples:
                     if seen >= first:
                         if wanted is not None:
+                            if check.active:
+                                check.see(i, sample)
                             sample = {k: v for k, v in sample.items()
                                       if k.startswith("__") or k in wanted}
                         sample["__source__"] = source.name

@@ -315,6 +315,13 @@ def load_spec(spec: Any, *, environ: Mapping[str, str] | None = None,
                                      strict=strict)
     if is_spec_path(spec):
         return _load_file(spec, environ, allow_pipe, split, strict)
+    if isinstance(spec, (str, os.PathLike)):
+        from .files import split_section
+
+        path = split_section(os.fspath(spec))[0]
+        if not os.path.exists(path):  # as for a .yaml path: not there, rather than not a spec
+            raise SpecError(f"{path}: cannot read the spec: no such file (a spec is a "
+                            ".yaml/.yml/.json file)") from FileNotFoundError(path)
     raise SpecError(f"cannot load a dataset spec from {spec!r}: give a .yaml/.yml/.json path "
                     "(FILE#key.path for a section of a larger config), a dict or a DatasetSpec")
 

@@ -95,7 +95,23 @@ def _detach_loop() -> None:
     shared = getattr(loop, "_selector", None)  # asyncio's selector loops keep it here
     if shared is None:
         return
-    loop._selector = selectors.DefaultSelector()  # empty: unregistering is then a no-op
+    while True:
+        try:
+            _detach(loop, shared)
+            return
+        except KeyboardInterrupt:
+            # Ctrl-C goes to the whole process group, so also to a child being forked (a
+            # DataLoader worker starting): the detach is finished all the same (half of one
+            # would leave the child closing the parent's connections), and the interrupt,
+            # which Python would report as "Exception ignored in" with a traceback, is not
+            # the child's to act on: its parent got it too, and stops it
+            continue
+
+
+def _detach(loop: Any, shared: selectors.BaseSelector) -> None:
+    """Give ``loop`` a selector of its own, the inherited one closed; again is harmless."""
+    if loop._selector is shared:
+        loop._selector = selectors.DefaultSelector()  # empty: unregistering is then a no-op
     shared.close()  # the child's handle on the parent's epoll; the parent keeps its own
     loop._thread_id = None  # is_running() is now False: finalizers close synchronously
     loop.set_exception_handler(_inherited_loop_report)

@@ -9,6 +9,12 @@ own retries are off so that ours count.
 retried by :mod:`wds_cloud.stores.retry`) committed as a block list; uncommitted blocks stay
 invisible.
 
+**Listings and lookups** (``glob``, ``info``, ``ls``) are adlfs's, on its service client, which
+takes no retry or timeout options from adlfs: its storage retry policy (three retries 15 to 40 s
+apart, for each listing request) is set to no retries and its transport's connection and read
+timeouts to ``WDS_TIMEOUT``, and :meth:`~wds_cloud.stores.base.CloudOpener.listed` retries by
+``WDS_RETRIES``.
+
 What azure-core raises becomes our error in ``_azure_failure``: an answer by its status
 (:func:`~wds_cloud.stores.retry.status_error`), no answer by the ``"azure"`` row of
 :data:`~wds_cloud.stores.retry.TRANSIENT_BY_STORE`.
@@ -19,6 +25,7 @@ options that adlfs hands on to azure-identity's ``DefaultAzureCredential``.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any, BinaryIO
 
@@ -46,6 +53,8 @@ from .retry import (
 
 __all__ = ["AzureOpener"]
 
+log = logging.getLogger(__name__)
+
 _AZURE_CREDENTIAL_OPTIONS = frozenset({
     "additionally_allowed_tenants", "authority", "managed_identity_client_id",
     "process_timeout", "shared_cache_tenant_id", "shared_cache_username",
@@ -70,6 +79,20 @@ def _azure_options(policy: RetryPolicy) -> dict[str, Any]:
     """Per-request options: our timeouts, and no retries inside the SDK (ours count)."""
     return {"connection_timeout": policy.timeout, "read_timeout": policy.timeout,
             "retry_total": 0}
+
+
+def _one_attempt(client: Any, timeout: float) -> None:
+    """Set the requests of adlfs's service ``client`` (and of the container and blob clients
+    made from it, which share its policies and transport) to no retries and ``timeout``."""
+    config = getattr(client, "_config", None)
+    retry = getattr(config, "retry_policy", None)
+    connection = getattr(getattr(config, "transport", None), "connection_config", None)
+    if retry is None or connection is None:  # another azure-storage-blob: reads still are ours
+        log.debug("azure-storage-blob's client has no retry_policy or transport to set")
+        return
+    for count in ("total_retries", "connect_retries", "read_retries", "status_retries"):
+        setattr(retry, count, 0)
+    connection.timeout = connection.read_timeout = timeout
 
 
 def _writer(fs: Any, url: str, policy: RetryPolicy) -> Request:
@@ -127,6 +150,20 @@ class AzureOpener(CloudOpener):
     authorities) through adlfs."""
 
     protocol = "az"
+
+    def filesystem(self, url: str, storage_options: dict[str, Any], *, timeout: float) -> Any:
+        fs = super().filesystem(url, storage_options, timeout=timeout)
+        _one_attempt(fs.service_client, timeout)
+        return fs
+
+    def _defaults(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+        # adlfs's own (for its cat and pipe); they also key fsspec's cache of filesystems
+        return {"connection_timeout": timeout, "read_timeout": timeout, **options}
+
+    def _failure(self, exc: BaseException, url: str, doing: str) -> Exception:
+        if isinstance(exc, Exception):
+            return _azure_failure(exc, url, doing)
+        return super()._failure(exc, url, doing)
 
     def _passes(self, name: str) -> bool:
         # adlfs hands unknown options to azure-identity's DefaultAzureCredential

@@ -23,8 +23,10 @@ shows in :func:`~wds_cloud.stores.retry.io_stats`.
 
 **Listing**: ``glob("s3://bucket/train/shard-*.tar")`` returns full URLs with the scheme given.
 Listings and lookups (``glob``, and ``info``/``ls`` for the sizes of ``ls`` and ``spec check``)
-go through :meth:`CloudOpener.listed`: where the library's own retries are off (S3's), the
-policy of reads retries them.
+go through :meth:`CloudOpener.listed`, retried by the policy of reads (``WDS_RETRIES``,
+``WDS_TIMEOUT``): each store sets its library to make one attempt (s3fs's ``retries``,
+gcsfs's ``_request`` without its retry decorator, azure-core's retry policy) with our timeout,
+so that an unreachable or failing endpoint ends within the settings' budget, in one line.
 
 ``storage_options`` are the keyword arguments of the scheme's fsspec filesystem class; a name it
 does not take is a :class:`~wds_cloud.errors.ConfigError`. Credentials come from there or from
@@ -196,10 +198,6 @@ class CloudOpener:
     choice between one PUT and a multipart upload. A store sets ``protocol`` and gives
     ``_source``, ``_put`` and ``_put_parts``."""
 
-    #: whether the library retries its own listings and lookups (gcsfs's ``_request`` does,
-    #: and azure-core's policy); where it does not, :meth:`listed` retries them
-    library_retries_listings: ClassVar[bool] = True
-
     takes_settings: ClassVar[bool] = True
     #: ``open(url, "rb", offset=n)`` starts at byte n (a ranged GET)
     ranged: ClassVar[bool] = True
@@ -236,10 +234,11 @@ class CloudOpener:
         """``fn(*args)``: the library listing or looking up ``url`` (``doing``: ``"list"`` or
         ``"look up"``). What it raises comes out as our error, but ``FileNotFoundError``, which
         callers read as "not there"; a failure a new request may get past is retried by the
-        settings' policy (``WDS_RETRIES``, backoff) unless the library has a policy of its own
-        for listings (gcsfs, azure-core); either way it ends in a
-        :class:`~wds_cloud.errors.TransferError`, not the internal ``RetryableError``."""
+        settings' policy (``WDS_RETRIES``, backoff; the library makes one attempt, see
+        :meth:`filesystem`) and ends in a :class:`~wds_cloud.errors.TransferError`, not the
+        internal ``RetryableError``."""
         gerund = {"list": "listing", "look up": "looking up"}[doing]
+        noun = {"list": "listing", "look up": "lookup"}[doing]
         retrier = Retrier(RetryPolicy.from_settings(settings or Settings()), url=url,
                           doing=doing)
         while True:
@@ -251,19 +250,17 @@ class CloudOpener:
                 error = self._failure(exc, url, gerund)
                 if not isinstance(error, RetryableError):
                     raise error from exc
-                if self.library_retries_listings:
-                    raise retrier.give_up(f"{reason(error)} on {gerund} (the store's library "
-                                          "retries it by its own policy, not WDS_RETRIES)") \
-                        from exc
                 error.__cause__ = exc
-                retrier.wait(error, gerund)
+                retrier.wait(error, noun)
 
     def _failure(self, exc: BaseException, url: str, doing: str) -> Exception:
         """Our error for what the store's library raised while ``doing`` ``url``."""
         return library_error(exc, url, doing)
 
     def filesystem(self, url: str, storage_options: dict[str, Any], *, timeout: float) -> Any:
-        """``fsspec.filesystem`` for this scheme, after checking ``storage_options``."""
+        """``fsspec.filesystem`` for this scheme, after checking ``storage_options``; a store
+        sets its library's requests to ``timeout`` and one attempt (:meth:`_defaults`, and
+        its own ``filesystem``), so that our retries are the ones that count."""
         import fsspec
 
         cls = fsspec.get_filesystem_class(self.protocol)

@@ -14,6 +14,13 @@ behind our back), each retried by :meth:`~wds_cloud.stores.retry.Retrier.call_as
 are judged by :func:`~wds_cloud.stores.retry.status_error`, failed connections by the ``"gcs"``
 row of :data:`~wds_cloud.stores.retry.TRANSIENT_BY_STORE`.
 
+**Listings and lookups** (``glob``, ``info``, ``ls``) are gcsfs's, made with one attempt each:
+its ``_request`` is decorated by ``retry_request``, six attempts up to 32 s apart (fixed when the
+class was made; ``GCSFileSystem.retries`` does not change it) that end with the traceback logged
+at ERROR, so the filesystem's ``_request`` is the undecorated one, with ``WDS_TIMEOUT`` for the
+connection and each read (``requests_timeout``), and
+:meth:`~wds_cloud.stores.base.CloudOpener.listed` retries by ``WDS_RETRIES``.
+
 ``storage_options`` are the keyword arguments of ``GCSFileSystem``.
 """
 
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import re
+import types
 from typing import Any, BinaryIO
 from urllib.parse import quote, urlencode
 
@@ -42,6 +50,7 @@ from .retry import (
     Retrier,
     RetryableError,
     RetryPolicy,
+    is_transient,
     reason,
     status_error,
     transient_errors,
@@ -61,6 +70,14 @@ def _sendable(fs: Any) -> bool:
     """Whether GETs of ``fs`` may be sent by :mod:`~wds_cloud.stores.direct`: not when its
     aiohttp session was given options (a connector, proxies...) or a client certificate."""
     return not fs.session_kwargs and not getattr(fs, "_use_client_cert", False)
+
+
+def _one_attempt(fs: Any) -> None:
+    """Make gcsfs's requests on ``fs`` (its listings and lookups) one attempt each: its
+    ``_request`` without the ``retry_request`` decorator (see the module doc)."""
+    undecorated = getattr(type(fs)._request, "__wrapped__", None)
+    if undecorated is not None and "_request" not in vars(fs):
+        fs._request = types.MethodType(undecorated, fs)
 
 
 class _GcsSource(LoopSource):
@@ -223,6 +240,23 @@ class GcsOpener(CloudOpener):
     """``gs://bucket/key`` (and ``gcs://``) through gcsfs."""
 
     protocol = "gs"
+
+    def filesystem(self, url: str, storage_options: dict[str, Any], *, timeout: float) -> Any:
+        fs = super().filesystem(url, storage_options, timeout=timeout)
+        _one_attempt(fs)
+        return fs
+
+    def _defaults(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+        import aiohttp
+
+        # gcsfs's default is aiohttp's: 5 minutes for the whole request
+        return {"requests_timeout": aiohttp.ClientTimeout(total=None, sock_connect=timeout,
+                                                          sock_read=timeout), **options}
+
+    def _failure(self, exc: BaseException, url: str, doing: str) -> Exception:
+        if is_transient(exc, "gcs"):  # no answer, or one cut short
+            return RetryableError(f"{doing} {redact(url)} failed: {type(exc).__name__}")
+        return library_error(exc, url, doing)
 
     def _source(self, fs: Any, url: str, policy: RetryPolicy) -> _GcsSource:
         return _GcsSource(fs, url, policy)

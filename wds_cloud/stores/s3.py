@@ -280,13 +280,12 @@ class S3Opener(CloudOpener):
     """``s3://bucket/key`` through s3fs."""
 
     protocol = "s3"
-    #: s3fs's own loop retries SlowDown and dropped connections but not a 500, on its own
-    #: backoff and uncounted; it is set to one attempt, and ours retry (``WDS_RETRIES``)
-    library_retries_listings = False
-
     def filesystem(self, url: str, storage_options: dict[str, Any], *, timeout: float) -> Any:
         fs = super().filesystem(url, storage_options, timeout=timeout)
-        fs.retries = 1  # s3fs's loop around each listing page and lookup (``_call_s3``)
+        # s3fs's loop around each listing page and lookup (``_call_s3``) retries SlowDown and
+        # dropped connections but not a 500, on its own backoff and uncounted: one attempt,
+        # and ours retry (``WDS_RETRIES``)
+        fs.retries = 1
         return fs
 
     def _failure(self, exc: BaseException, url: str, doing: str) -> Exception:

@@ -43,6 +43,7 @@ import numpy as np
 from ..errors import ShardFormatError
 from ..urls import redact
 from .entries import TYPES, Entry, TarEntries, compression_of_name
+from .header import padded
 from .samples import base_plus_ext
 
 __all__ = [
@@ -66,6 +67,8 @@ PERCENTILES = {"p0": 0, "p50": 50, "p90": 90, "p99": 99, "max": 100}
 _META = re.compile(r"__[^/]*__($|/)")
 _EXAMPLES = 3  # keys named in a key-in-two-shards anomaly
 _WHERE = re.compile(r" \(url=.*\)$", re.S)
+#: :class:`~.entries.TarEntries`' message for a member the stream ends in
+_CUT_MEMBER = re.compile(r"truncated member: (\d+) bytes of data expected at offset (\d+)")
 
 
 @dataclass(frozen=True)
@@ -143,9 +146,27 @@ def audit_shard(stream: BinaryIO, *, url: str = "") -> ShardAudit:
         for entry in entries:
             grouper.entry(entry)
     except ShardFormatError as exc:
-        audit.add("corrupt", _WHERE.sub("", str(exc)), exc.member, exc.offset)
+        audit.add("corrupt", *_corrupt(exc, entries.offset))
     grouper.finish()
     return audit
+
+
+def _corrupt(exc: ShardFormatError, end: int) -> tuple[str, str | None, int | None]:
+    """The message, member and offset of a ``corrupt`` anomaly; ``end``: where the stream
+    ended. A member whose data is all there but whose padding is cut short is whole: the
+    archive is cut after it, and says so (the entries say "N bytes of data expected")."""
+    message = _WHERE.sub("", str(exc))
+    cut = _CUT_MEMBER.match(message)
+    if cut is None:
+        return message, exc.member, exc.offset
+    size, data_at = int(cut.group(1)), int(cut.group(2))
+    if end - data_at < size:
+        return message, exc.member, exc.offset
+    return (f"the archive is cut at offset {end}, in the padding after {exc.member!r}, which "
+            f"is whole ({size:,} bytes of data at offset {data_at}): "
+            f"{padded(size) - (end - data_at)} bytes of padding and the end-of-archive blocks "
+            "are missing (a shard cut short, e.g. by an interrupted copy or upload)",
+            exc.member, exc.offset)
 
 
 class _Grouper:
