@@ -21,10 +21,12 @@ _PROBE = 32  # members parsed one by one before deciding whether to vectorize
 _DENSE_BLOCKS = 16  # vectorize when those members take at most this many blocks on average
 
 
-def fast_batch(buf: bytes, pos: int, *, vectorize: bool = True
+def fast_batch(buf: Any, pos: int, *, vectorize: bool = True, end: int | None = None
                ) -> tuple[list[Member], list[int], list[int], int]:
     """Parse consecutive plain members from ``pos``: a type ``0`` header without ustar prefix
-    (optionally after one pax or GNU long-name header), data buffered.
+    (optionally after one pax or GNU long-name header), data buffered. ``buf`` is ``bytes``
+    or a memory map; ``end``: no header at or past it is parsed (a window of a map), though
+    the data of those before it may run past it.
 
     Returns the members, their header offsets, the offsets of the extended headers before them
     (checksums still unverified) and where it stopped. The first members are parsed one by one;
@@ -34,19 +36,21 @@ def fast_batch(buf: bytes, pos: int, *, vectorize: bool = True
     headers: list[int] = []
     extended: list[int] = []
     start = pos
-    pos = _walk(buf, pos, members, headers, extended, _PROBE)
+    end = len(buf) if end is None else min(end, len(buf))
+    pos = _walk(buf, pos, members, headers, extended, _PROBE, end)
     if vectorize and len(members) == _PROBE and pos - start <= _PROBE * _DENSE_BLOCKS * BLOCK:
-        pos = _walk_dense(buf, pos, members, headers, extended)
-    pos = _walk(buf, pos, members, headers, extended, len(buf))
+        pos = _walk_dense(buf, pos, members, headers, extended, end)
+    pos = _walk(buf, pos, members, headers, extended, len(buf), end)
     return members, headers, extended, pos
 
 
-def _walk(buf: bytes, pos: int, members: list[Member], headers: list[int], extended: list[int],
-          count: int) -> int:
-    """Append up to ``count`` plain members from ``pos``; return where it stopped."""
+def _walk(buf: Any, pos: int, members: list[Member], headers: list[int], extended: list[int],
+          count: int, window: int) -> int:
+    """Append up to ``count`` plain members from ``pos`` whose headers start before
+    ``window``; return where it stopped."""
     add, mark, find = members.append, headers.append, buf.find
     end = len(buf)
-    limit = end - BLOCK
+    limit = window - BLOCK
     for _ in range(count):
         if pos > limit:
             break
@@ -85,15 +89,15 @@ def _walk(buf: bytes, pos: int, members: list[Member], headers: list[int], exten
     return pos
 
 
-def _walk_dense(buf: bytes, pos: int, members: list[Member], headers: list[int],
-                extended: list[int]) -> int:
+def _walk_dense(buf: Any, pos: int, members: list[Member], headers: list[int],
+                extended: list[int], window: int) -> int:
     """:func:`_walk` vectorized: every block from ``pos`` is parsed as if it were a plain
     header in one numpy pass; the chain of next-header indexes from the first block is then
     verified in one more pass for as long as it runs through plain headers only (a data block
     that looks like a header breaks it there), and Python follows it from where that stops."""
     import numpy as np  # only shards of small members pay for it
 
-    nblocks = (len(buf) - pos) // BLOCK
+    nblocks = (window - pos) // BLOCK
     rows = np.frombuffer(buf, np.uint8, nblocks * BLOCK, pos).reshape(nblocks, BLOCK)
     digits = rows[:, 124:135].astype(np.int64) - 48
     sizes = digits @ (8 ** np.arange(10, -1, -1, dtype=np.int64))  # octal digit weights
@@ -104,8 +108,9 @@ def _walk_dense(buf: bytes, pos: int, members: list[Member], headers: list[int],
     chain, i = _plain_chain(np, nxt)
     found: list[int] = []
     overrides: dict[int, tuple[str | None, int | None]] = {}
-    if i < nblocks and (nxt[i] >= 0 or fast_extended(buf, pos + i * BLOCK, len(buf) - BLOCK)):
-        i = _follow(buf, pos, nxt.tolist(), plain.tolist(), i, found, overrides, extended)
+    if i < nblocks and (nxt[i] >= 0 or fast_extended(buf, pos + i * BLOCK, window - BLOCK)):
+        i = _follow(buf, pos, nxt.tolist(), plain.tolist(), i, found, overrides, extended,
+                    window)
     if len(chain) or found:
         idx = np.concatenate((chain, np.array(found, dtype=np.intp))) if found else chain
         headers.extend(_collect(buf, pos, rows, sizes, idx, overrides, members))
@@ -124,16 +129,16 @@ def _plain_chain(np: Any, nxt: Any) -> tuple[Any, int]:
     return heads[:last + 1], int(nxt[heads[last]])
 
 
-def _follow(buf: bytes, pos: int, links: list[int], is_plain: list[bool], i: int,
+def _follow(buf: Any, pos: int, links: list[int], is_plain: list[bool], i: int,
             found: list[int], overrides: dict[int, tuple[str | None, int | None]],
-            extended: list[int]) -> int:
+            extended: list[int], window: int) -> int:
     """Follow the chain of headers from block ``i`` one by one (through pax and long-name
     headers too), appending the member header blocks to ``found``; return where it stops."""
     nblocks = len(links)
     while i < nblocks:
         j = links[i]
         if j < 0:  # not a plain member: maybe a pax/long-name header before one
-            ext = fast_extended(buf, pos + i * BLOCK, len(buf) - BLOCK)
+            ext = fast_extended(buf, pos + i * BLOCK, window - BLOCK)
             if ext is None:
                 break
             k = (ext[0] - pos) // BLOCK
@@ -149,7 +154,7 @@ def _follow(buf: bytes, pos: int, links: list[int], is_plain: list[bool], i: int
     return i
 
 
-def _collect(buf: bytes, pos: int, rows: Any, sizes: Any, idx: Any,
+def _collect(buf: Any, pos: int, rows: Any, sizes: Any, idx: Any,
              overrides: dict[int, tuple[str | None, int | None]], members: list[Member]
              ) -> list[int]:
     """Append the members whose headers are the blocks ``idx`` (relative to ``pos``); return
@@ -176,7 +181,7 @@ def _collect(buf: bytes, pos: int, rows: Any, sizes: Any, idx: Any,
     return starts
 
 
-def fast_extended(buf: bytes, pos: int, limit: int) -> tuple[int, str | None, int | None] | None:
+def fast_extended(buf: Any, pos: int, limit: int) -> tuple[int, str | None, int | None] | None:
     """A buffered pax (``x``) or GNU long-name (``L``) header at ``pos`` whose member header is
     buffered too: ``(member header offset, name or None, size or None)``; None otherwise."""
     kind = buf[pos + 156]

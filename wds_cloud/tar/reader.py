@@ -31,6 +31,7 @@ path (:class:`_Reader`).
 from __future__ import annotations
 
 import bisect
+import mmap
 import sys
 from collections.abc import Callable, Iterator
 from typing import BinaryIO, TypeGuard
@@ -49,6 +50,7 @@ from .header import (
     parse_pax,
     pax_overrides,
 )
+from .mapped import MappedFile, at_end, map_file
 
 __all__ = [
     "BLOCK",
@@ -85,7 +87,8 @@ class _Reader:
     small, :data:`BLOCK` (just the next header) while they are large (see :func:`_large_members`).
     """
 
-    def __init__(self, read: Callable[[int], bytes], head: bytes, url: str, chunk: int) -> None:
+    def __init__(self, read: Callable[[int], bytes], head: bytes | mmap.mmap, url: str,
+                 chunk: int) -> None:
         self.read, self.buf, self.url, self.chunk = read, head, url, chunk
         self.ahead = chunk
         self.pos = 0  # position in buf
@@ -182,7 +185,7 @@ class _Reader:
         have = self.fill(BLOCK)
         buf, pos = self.buf, self.pos
         if have < BLOCK:
-            if buf.count(0, pos) == have:  # clean end, or cut inside the end-of-archive blocks
+            if buf[pos:].count(0) == have:  # clean end, or cut inside the end-of-archive blocks
                 return None
             raise self.error(f"truncated tar header: the stream ends {have} bytes into it")
         header = buf[pos:pos + BLOCK]
@@ -373,18 +376,36 @@ def iter_member_batches(
     after it (see :data:`Following`; None when nothing is), so that grouping can hand a sample
     on before the next member's data is read (one large ``bytes`` fewer alive at a time).
     """
-    # the first read is one header: a large first member is then read like any other
-    read, head = tar_source(stream, url, peek=BLOCK)
-    compressed = getattr(read, "__self__", None) is not stream
-    reader = _Reader(read, head, url, max(chunk_size, BLOCK))
+    mapped = map_file(stream)
+    if mapped is None:
+        # the first read is one header: a large first member is then read like any other
+        read, head = tar_source(stream, url, peek=BLOCK)
+        compressed = getattr(read, "__self__", None) is not stream
+        reader = _Reader(read, head, url, max(chunk_size, BLOCK))
+    else:  # the whole file is the buffer, parsed a window of ``chunk`` at a time
+        compressed = False
+        reader = _Reader(at_end, mapped.map, url, max(chunk_size, BLOCK))
+        reader.pos, reader.off = mapped.start, -mapped.start  # offsets from the stream's start
+    try:
+        yield from _batches(reader, compressed, marks, following, mapped)
+    finally:
+        if mapped is not None:
+            mapped.close()
+
+
+def _batches(reader: _Reader, compressed: bool, marks: list[Marks] | None,
+             following: Following | None, mapped: MappedFile | None,
+             ) -> Iterator[list[Member]]:
+    """The loop of :func:`iter_member_batches` over ``reader``."""
     small = 0  # members read one by one since the last large one
     while True:
         if reader.ahead > BLOCK:  # small members: parse what a large buffer holds
             buf, start = reader.buf, reader.pos
             # numpy once loaded, or after the first chunk: the first samples never wait for it
-            vectorize = reader.off >= reader.chunk or "numpy" in sys.modules
-            batch, headers, extended, reader.pos = fast_batch(buf, reader.pos,
-                                                              vectorize=vectorize)
+            vectorize = reader.off + start >= reader.chunk or "numpy" in sys.modules
+            window = None if mapped is None else start + reader.chunk
+            batch, headers, extended, reader.pos = fast_batch(buf, start, vectorize=vectorize,
+                                                              end=window)
             if headers:
                 bad = first_bad_header(buf, headers + extended if extended else headers,
                                        vectorize=vectorize)
@@ -396,6 +417,8 @@ def iter_member_batches(
                         yield batch[:good]
                     raise reader.error(_BAD_CHECKSUM, at=reader.off + bad)
                 yield batch
+                if mapped is not None:
+                    mapped.consumed(reader.pos)
         else:
             yield from _large_members(reader, marks, compressed, following)
         if following is not None:
@@ -404,7 +427,8 @@ def iter_member_batches(
         item = reader.step()
         if item is _END:
             return
-        if item is not None and len(item[1]) >= DIRECT_MIN:  # type: ignore[index]
+        if mapped is None and item is not None \
+                and len(item[1]) >= DIRECT_MIN:  # type: ignore[index]
             reader.ahead, small = BLOCK, 0  # large members: one by one, no read-ahead
         elif reader.ahead == BLOCK:
             small += 1
