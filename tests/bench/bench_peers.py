@@ -230,8 +230,14 @@ def read_with(loader: str, url: str, cache: str, endpoint: str, warm_passes: int
             return made[0]
     first, cold, count, nbytes = _epoch(build)
     warm = [_epoch(lambda: made[0]) for _ in range(warm_passes)]
+    again = None
+    if loader == "wds_cloud":  # a second cold start in this process: its S3 client is set up
+        shutil.rmtree(cache)
+        made.clear()
+        again = _epoch(build)[0]
     return {"loader": loader, "ttfs": first, "cold": cold, "samples": count, "bytes": nbytes,
-            "warm": warm[-1][1] if warm else None, "warm_samples": warm[-1][2] if warm else 0}
+            "warm": warm[-1][1] if warm else None, "warm_samples": warm[-1][2] if warm else 0,
+            "ttfs_again": again}
 
 
 # -- the driver --------------------------------------------------------------------------------
@@ -373,8 +379,10 @@ def _report(workload: str, results: dict[str, list[dict[str, Any]]], count: int)
     best_cold = min(v["cold"] for v in peers.values())
     warm = f"warm {litdata['warm'] / ours['warm']:.2f}× LitData's (target ≥ 1.0×)" \
         if litdata else "warm: LitData not measured"
+    again = statistics.median(run["ttfs_again"] for run in results["wds_cloud"])
     return (f"{workload}: ratios: {warm}; cold {best_cold / ours['cold']:.2f}× the best "
-            f"peer's (target ≥ 1.1×); first sample {ours['ttfs']:.3f} s (target ≤ 0.2 s)")
+            f"peer's (target ≥ 1.1×); first sample {ours['ttfs']:.3f} s (target ≤ 0.2 s; "
+            f"{again:.3f} s for a second dataset in the process, whose S3 client is set up)")
 
 
 def main(argv: list[str] | None = None) -> int:
