@@ -74,6 +74,18 @@ def test_what_is_not_mapped(tmp_path: Path) -> None:
         f.seek(3)
         assert mapped.map_file(f) is None  # not at a block boundary
     assert mapped.map_file(io.BytesIO(_mixed())) is None
+    # large members only: exact reads pay better than a map
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, size in enumerate((100_000, 70_000, 3)):
+            info = tarfile.TarInfo(f"s{i}.bin")
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes(size)))
+    (tmp_path / "large.tar").write_bytes(out.getvalue())
+    with open(tmp_path / "large.tar", "rb") as f:
+        assert mapped.map_file(f) is None
+        assert [name for batch in iter_member_batches(f) for name, _ in batch] == \
+            ["s0.bin", "s1.bin", "s2.bin"]
 
 
 @pytest.mark.parametrize(("member", "into"), [(4, 300), (4, 512 + 2_000_000), (-3, 512 + 100)],

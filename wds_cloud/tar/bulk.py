@@ -9,24 +9,31 @@ never reads a tar) does not pay for it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .header import BLOCK, pax_overrides
 
-__all__ = ["Member", "fast_batch", "fast_extended"]
+__all__ = ["READ_AT_MIN", "Member", "ReadAt", "fast_batch", "fast_extended"]
 
 Member = tuple[str, bytes]
+ReadAt = Callable[[int, int], bytes]  # (size, offset) -> bytes
+
+READ_AT_MIN = 1 << 16  # members this large are read with ``read_at`` when there is one
 
 _PROBE = 32  # members parsed one by one before deciding whether to vectorize
 _DENSE_BLOCKS = 16  # vectorize when those members take at most this many blocks on average
 
 
-def fast_batch(buf: Any, pos: int, *, vectorize: bool = True, end: int | None = None
+def fast_batch(buf: Any, pos: int, *, vectorize: bool = True, end: int | None = None,
+               read_at: ReadAt | None = None,
                ) -> tuple[list[Member], list[int], list[int], int]:
     """Parse consecutive plain members from ``pos``: a type ``0`` header without ustar prefix
     (optionally after one pax or GNU long-name header), data buffered. ``buf`` is ``bytes``
     or a memory map; ``end``: no header at or past it is parsed (a window of a map), though
-    the data of those before it may run past it.
+    the data of those before it may run past it. ``read_at(size, offset)``, when given, reads
+    the data of members of :data:`READ_AT_MIN` bytes or more (``os.pread`` of a mapped file:
+    one copy from the page cache, no page of the map touched).
 
     Returns the members, their header offsets, the offsets of the extended headers before them
     (checksums still unverified) and where it stopped. The first members are parsed one by one;
@@ -37,15 +44,15 @@ def fast_batch(buf: Any, pos: int, *, vectorize: bool = True, end: int | None = 
     extended: list[int] = []
     start = pos
     end = len(buf) if end is None else min(end, len(buf))
-    pos = _walk(buf, pos, members, headers, extended, _PROBE, end)
+    pos = _walk(buf, pos, members, headers, extended, _PROBE, end, read_at)
     if vectorize and len(members) == _PROBE and pos - start <= _PROBE * _DENSE_BLOCKS * BLOCK:
         pos = _walk_dense(buf, pos, members, headers, extended, end)
-    pos = _walk(buf, pos, members, headers, extended, len(buf), end)
+    pos = _walk(buf, pos, members, headers, extended, len(buf), end, read_at)
     return members, headers, extended, pos
 
 
 def _walk(buf: Any, pos: int, members: list[Member], headers: list[int], extended: list[int],
-          count: int, window: int) -> int:
+          count: int, window: int, read_at: ReadAt | None = None) -> int:
     """Append up to ``count`` plain members from ``pos`` whose headers start before
     ``window``; return where it stopped."""
     add, mark, find = members.append, headers.append, buf.find
@@ -81,7 +88,12 @@ def _walk(buf: Any, pos: int, members: list[Member], headers: list[int], extende
         if name is None:
             nul = find(b"\0", pos, pos + 100)
             name = buf[pos:nul if nul >= 0 else pos + 100].decode("utf-8", "surrogateescape")
-        add((name, buf[data:data + size]))
+        piece = None
+        if read_at is not None and size >= READ_AT_MIN:
+            piece = read_at(size, data)
+            if len(piece) != size:  # (the file shrank: the map's page fault will tell)
+                piece = None
+        add((name, buf[data:data + size] if piece is None else piece))
         mark(pos)
         if start != pos:
             extended.append(start)

@@ -42,7 +42,7 @@ FORMATS = {
     "gnu": "gnu", "GNU_FORMAT": "gnu", tarfile.GNU_FORMAT: "gnu",
 }
 
-_NUMPY_MIN = 8  # batches with fewer headers are checked in pure Python
+_NUMPY_MIN = 16  # batches with fewer headers are checked in pure Python
 _PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
 
 

@@ -8,7 +8,10 @@ Headers are parsed straight out of the map. The pages behind the reader are drop
 process's resident set every :data:`DROP_EVERY` bytes (``MADV_DONTNEED``: the page cache keeps
 them), so a shard of any size costs a few MiB of RSS, not its size.
 
-Only an uncompressed regular file whose stream is a plain ``open(path, "rb")`` (or its raw
+Shards of small members gain most (a member every few pages: no read call, buffer join or
+fresh page per member); a shard whose first two members are large (:data:`LARGE_FIRST`) is read
+with exact ``read`` calls as before, since there a map only adds page faults. Only an uncompressed
+regular file whose stream is a plain ``open(path, "rb")`` (or its raw
 ``FileIO``) at a block boundary is mapped, and only the bytes it had when it was opened: a file
 that grows is read to its size then; one that another process truncates under the reader would
 fault (as any memory map of it would), which is why pipes, sockets, remote streams and files
@@ -26,10 +29,11 @@ from typing import Any
 
 from .header import BLOCK
 
-__all__ = ["DROP_EVERY", "MIN_MAPPED", "MappedFile", "at_end", "map_file"]
+__all__ = ["DROP_EVERY", "LARGE_FIRST", "MIN_MAPPED", "MappedFile", "at_end", "map_file"]
 
 MIN_MAPPED = 1 << 16  # smaller files are read as before: a map costs more than it saves
 DROP_EVERY = 8 << 20  # bytes consumed between two drops of the pages behind the reader
+LARGE_FIRST = 1 << 16  # a shard whose first two members are this large is not mapped
 _MAGICS = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")  # gzip, bzip2, xz: read by decompressing
 
 
@@ -79,8 +83,31 @@ def map_file(stream: Any) -> MappedFile | None:
         mapping = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
     except (OSError, ValueError, io.UnsupportedOperation):
         return None
-    if mapping[start:start + 6].startswith(_MAGICS):
+    if mapping[start:start + 6].startswith(_MAGICS) or _large_members(mapping, start):
         mapping.close()
         return None
     return MappedFile(mapping, start)
+
+
+def _large_members(mapping: mmap.mmap, start: int) -> bool:
+    """Whether the first two members from ``start`` both have :data:`LARGE_FIRST` bytes or
+    more: such a shard is read with exact reads instead (a map would fault in pages of data
+    around every header, and drop them again, for no copy saved)."""
+    at = start
+    for _ in range(2):
+        size = _size(mapping[at:at + BLOCK])
+        if size < LARGE_FIRST:
+            return False
+        at += BLOCK + (size + BLOCK - 1) // BLOCK * BLOCK
+    return True
+
+
+def _size(head: bytes) -> int:
+    """The size in a plain header (-1 if ``head`` is not one)."""
+    if len(head) < BLOCK or head[156] not in b"07\0":
+        return -1
+    try:
+        return int(head[124:136].strip(b" \0") or b"0", 8)
+    except ValueError:
+        return -1
 
