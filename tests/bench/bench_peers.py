@@ -267,9 +267,12 @@ def _quiet_env() -> dict[str, str]:
     return {"PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def run_json(argv: list[str], timeout: float = 900) -> dict[str, Any]:
+def run_json(argv: list[str], timeout: float = 900, path: str | None = None) -> dict[str, Any]:
+    env = {**os.environ, **_quiet_env()}
+    if path is not None:  # another wds_cloud (--baseline)
+        env["PYTHONPATH"] = path
     out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout,
-                         env={**os.environ, **_quiet_env()})
+                         env=env)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode or not lines:
         raise RuntimeError(f"exit {out.returncode}: {(out.stderr or out.stdout).strip()[-600:]}")
@@ -314,7 +317,7 @@ def _load() -> str:
 
 
 def bench(workload: str, root: Path, endpoint: str, peers: str | None, rounds: int,
-          quick: bool, warm_passes: int) -> list[str]:
+          quick: bool, warm_passes: int, baseline: str | None = None) -> list[str]:
     shards, per_shard = SIZES[workload][1 if quick else 0]
     count = shards * per_shard
     t0 = time.perf_counter()
@@ -322,7 +325,8 @@ def bench(workload: str, root: Path, endpoint: str, peers: str | None, rounds: i
     urls = {"wds_cloud": f"s3://{BUCKET}/wds-{workload}/shard-{{0000..{shards - 1:04d}}}.tar",
             "litdata": f"s3://{BUCKET}/litdata-{workload}",
             "mosaic": f"s3://{BUCKET}/mosaic-{workload}"}
-    loaders = ["wds_cloud"]
+    loaders = ["wds_cloud"] + (["baseline"] if baseline else [])
+    urls["baseline"] = urls["wds_cloud"]
     for peer in PEERS:
         if peers is None:
             continue
@@ -339,13 +343,15 @@ def bench(workload: str, root: Path, endpoint: str, peers: str | None, rounds: i
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in loaders}
     for r in range(rounds):
         for name in loaders[r % len(loaders):] + loaders[:r % len(loaders)]:
-            python = sys.executable if name == "wds_cloud" else peers
+            python = sys.executable if name in ("wds_cloud", "baseline") else peers
             assert python is not None
-            argv = [python, str(HERE), "--peer", name, "--read", urls[name], "--cache",
+            loader = "wds_cloud" if name == "baseline" else name
+            argv = [python, str(HERE), "--peer", loader, "--read", urls[name], "--cache",
                     str(root.parent / f"cache-{name}"), "--endpoint", endpoint,
                     "--warm-passes", str(warm_passes)]
             try:
-                results[name].append(run_json(argv))
+                results[name].append(run_json(argv, path=baseline if name == "baseline"
+                                              else None))
             except Exception as exc:
                 print(f"{workload}: {name}: round {r + 1} failed: {exc}", flush=True)
     lines = [_report(workload, results, count)]
@@ -372,13 +378,18 @@ def _report(workload: str, results: dict[str, list[dict[str, Any]]], count: int)
               f"first sample {m['ttfs']:.3f} s  (medians of {len(runs)}; {_load()})",
               flush=True)
     ours = medians.get("wds_cloud")
-    peers = {k: v for k, v in medians.items() if k != "wds_cloud"}
+    peers = {k: v for k, v in medians.items() if k in PEERS}
     if ours is None or not peers:
         return f"{workload}: no ratio (peers not measured)"
     litdata = peers.get("litdata")
     best_cold = min(v["cold"] for v in peers.values())
     warm = f"warm {litdata['warm'] / ours['warm']:.2f}× LitData's (target ≥ 1.0×)" \
         if litdata else "warm: LitData not measured"
+    if "baseline" in medians:
+        base = medians["baseline"]
+        print(f"{workload}: wds_cloud against the baseline: warm "
+              f"{base['warm'] / ours['warm']:.2f}×, cold {base['cold'] / ours['cold']:.2f}×",
+              flush=True)
     again = statistics.median(run["ttfs_again"] for run in results["wds_cloud"])
     return (f"{workload}: ratios: {warm}; cold {best_cold / ours['cold']:.2f}× the best "
             f"peer's (target ≥ 1.1×); first sample {ours['ttfs']:.3f} s (target ≤ 0.2 s; "
@@ -391,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians)")
     parser.add_argument("--warm-passes", type=int, default=2, help="warm epochs a round")
     parser.add_argument("--workloads", default="images,tokens")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="also run the wds_cloud found in DIR (PYTHONPATH), as 'baseline'")
     parser.add_argument("--install-peers", action="store_true",
                         help="install the peers venv even with --quick")
     # one loader in this process (how the driver runs each of them)
@@ -424,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         with LocalS3Server(root, key=KEY, secret=SECRET, etag_hash="crc32") as server:
             for workload in args.workloads.split(","):
                 bench(workload, root, server.endpoint_url, peers, rounds, args.quick,
-                      args.warm_passes)
+                      args.warm_passes, args.baseline)
                 shutil.rmtree(root / BUCKET, ignore_errors=True)
                 (root / BUCKET).mkdir()
     return 0
