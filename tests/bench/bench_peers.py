@@ -19,6 +19,9 @@ the time to its first sample (from building the dataset; the package is imported
 warm epochs from its local cache (the last one counts); raw samples, iterated in one process,
 each value's length taken. Rounds take the loaders in turn, the order rotating; the lines give
 medians, the ratios are ours over the best peer's, and the machine's load is printed beside.
+Each line names the type of the values the loader hands out: wds_cloud and Mosaic hand out
+``bytes`` (one copy each), LitData 0.2.76 ``memoryview`` slices of its memory-mapped chunks
+(no copy, and pages that stay mapped while a value is alive).
 Then, for each workload, ``WebDataset`` over the local tar files against a plain
 ``f.read(4 MB)`` of them, in MB/s (interleaved in this process).
 
@@ -169,6 +172,9 @@ def _size(item: Any) -> int:
     return sum(len(v) for v in item.values() if isinstance(v, (bytes, bytearray, memoryview)))
 
 
+_KINDS: list[str] = []
+
+
 def _epoch(iterable: Any) -> tuple[float, float, int, int]:
     """(seconds to the first sample, seconds in all, samples, bytes) of one pass; the clock
     starts when ``iterable()`` (which builds the dataset, or returns it) is called."""
@@ -178,6 +184,9 @@ def _epoch(iterable: Any) -> tuple[float, float, int, int]:
     for item in iterable():
         if not count:
             first = time.perf_counter() - start
+            if not _KINDS:  # what the loader hands out: bytes, or views (memoryview)
+                _KINDS.append(",".join(sorted({type(v).__name__ for k, v in item.items()
+                                               if not k.startswith("__")})))
         count += 1
         nbytes += _size(item)
     return first, time.perf_counter() - start, count, nbytes
@@ -237,7 +246,7 @@ def read_with(loader: str, url: str, cache: str, endpoint: str, warm_passes: int
         again = _epoch(build)[0]
     return {"loader": loader, "ttfs": first, "cold": cold, "samples": count, "bytes": nbytes,
             "warm": warm[-1][1] if warm else None, "warm_samples": warm[-1][2] if warm else 0,
-            "ttfs_again": again}
+            "ttfs_again": again, "kinds": _KINDS[0] if _KINDS else ""}
 
 
 # -- the driver --------------------------------------------------------------------------------
@@ -375,8 +384,8 @@ def _report(workload: str, results: dict[str, list[dict[str, Any]]], count: int)
         m = medians[name]
         print(f"{workload}: {name:9s} cold {count / m['cold']:9,.0f} samples/s, warm "
               f"{count / m['warm']:9,.0f} samples/s ({m['warm'] / count * 1e6:5.1f} µs a sample), "
-              f"first sample {m['ttfs']:.3f} s  (medians of {len(runs)}; {_load()})",
-              flush=True)
+              f"first sample {m['ttfs']:.3f} s, values {runs[0].get('kinds')}  (medians of "
+              f"{len(runs)}; {_load()})", flush=True)
     ours = medians.get("wds_cloud")
     peers = {k: v for k, v in medians.items() if k in PEERS}
     if ours is None or not peers:
