@@ -326,7 +326,8 @@ def _load() -> str:
 
 
 def bench(workload: str, root: Path, endpoint: str, peers: str | None, rounds: int,
-          quick: bool, warm_passes: int, baseline: str | None = None) -> list[str]:
+          quick: bool, warm_passes: int, baseline: str | None = None,
+          chosen: tuple[str, ...] = PEERS) -> list[str]:
     shards, per_shard = SIZES[workload][1 if quick else 0]
     count = shards * per_shard
     t0 = time.perf_counter()
@@ -336,7 +337,7 @@ def bench(workload: str, root: Path, endpoint: str, peers: str | None, rounds: i
             "mosaic": f"s3://{BUCKET}/mosaic-{workload}"}
     loaders = ["wds_cloud"] + (["baseline"] if baseline else [])
     urls["baseline"] = urls["wds_cloud"]
-    for peer in PEERS:
+    for peer in chosen:
         if peers is None:
             continue
         try:
@@ -411,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians)")
     parser.add_argument("--warm-passes", type=int, default=2, help="warm epochs a round")
     parser.add_argument("--workloads", default="images,tokens")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help="the peers to run (default: all)")
     parser.add_argument("--baseline", metavar="DIR",
                         help="also run the wds_cloud found in DIR (PYTHONPATH), as 'baseline'")
     parser.add_argument("--install-peers", action="store_true",
@@ -446,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         with LocalS3Server(root, key=KEY, secret=SECRET, etag_hash="crc32") as server:
             for workload in args.workloads.split(","):
                 bench(workload, root, server.endpoint_url, peers, rounds, args.quick,
-                      args.warm_passes, args.baseline)
+                      args.warm_passes, args.baseline,
+                      tuple(p for p in args.peers.split(",") if p in PEERS))
                 shutil.rmtree(root / BUCKET, ignore_errors=True)
                 (root / BUCKET).mkdir()
     return 0
