@@ -9,22 +9,31 @@ never reads a tar) does not pay for it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .header import BLOCK, pax_overrides
 
-__all__ = ["Member", "fast_batch", "fast_extended"]
+__all__ = ["READ_AT_MIN", "Member", "ReadAt", "fast_batch", "fast_extended"]
 
 Member = tuple[str, bytes]
+ReadAt = Callable[[int, int], bytes]  # (size, offset) -> bytes
+
+READ_AT_MIN = 1 << 16  # members this large are read with ``read_at`` when there is one
 
 _PROBE = 32  # members parsed one by one before deciding whether to vectorize
 _DENSE_BLOCKS = 16  # vectorize when those members take at most this many blocks on average
 
 
-def fast_batch(buf: bytes, pos: int, *, vectorize: bool = True
+def fast_batch(buf: Any, pos: int, *, vectorize: bool = True, end: int | None = None,
+               read_at: ReadAt | None = None,
                ) -> tuple[list[Member], list[int], list[int], int]:
     """Parse consecutive plain members from ``pos``: a type ``0`` header without ustar prefix
-    (optionally after one pax or GNU long-name header), data buffered.
+    (optionally after one pax or GNU long-name header), data buffered. ``buf`` is ``bytes``
+    or a memory map; ``end``: no header at or past it is parsed (a window of a map), though
+    the data of those before it may run past it. ``read_at(size, offset)``, when given, reads
+    the data of members of :data:`READ_AT_MIN` bytes or more (``os.pread`` of a mapped file:
+    one copy from the page cache, no page of the map touched).
 
     Returns the members, their header offsets, the offsets of the extended headers before them
     (checksums still unverified) and where it stopped. The first members are parsed one by one;
@@ -34,19 +43,21 @@ def fast_batch(buf: bytes, pos: int, *, vectorize: bool = True
     headers: list[int] = []
     extended: list[int] = []
     start = pos
-    pos = _walk(buf, pos, members, headers, extended, _PROBE)
+    end = len(buf) if end is None else min(end, len(buf))
+    pos = _walk(buf, pos, members, headers, extended, _PROBE, end, read_at)
     if vectorize and len(members) == _PROBE and pos - start <= _PROBE * _DENSE_BLOCKS * BLOCK:
-        pos = _walk_dense(buf, pos, members, headers, extended)
-    pos = _walk(buf, pos, members, headers, extended, len(buf))
+        pos = _walk_dense(buf, pos, members, headers, extended, end)
+    pos = _walk(buf, pos, members, headers, extended, len(buf), end, read_at)
     return members, headers, extended, pos
 
 
-def _walk(buf: bytes, pos: int, members: list[Member], headers: list[int], extended: list[int],
-          count: int) -> int:
-    """Append up to ``count`` plain members from ``pos``; return where it stopped."""
+def _walk(buf: Any, pos: int, members: list[Member], headers: list[int], extended: list[int],
+          count: int, window: int, read_at: ReadAt | None = None) -> int:
+    """Append up to ``count`` plain members from ``pos`` whose headers start before
+    ``window``; return where it stopped."""
     add, mark, find = members.append, headers.append, buf.find
     end = len(buf)
-    limit = end - BLOCK
+    limit = window - BLOCK
     for _ in range(count):
         if pos > limit:
             break
@@ -77,7 +88,12 @@ def _walk(buf: bytes, pos: int, members: list[Member], headers: list[int], exten
         if name is None:
             nul = find(b"\0", pos, pos + 100)
             name = buf[pos:nul if nul >= 0 else pos + 100].decode("utf-8", "surrogateescape")
-        add((name, buf[data:data + size]))
+        piece = None
+        if read_at is not None and size >= READ_AT_MIN:
+            piece = read_at(size, data)
+            if len(piece) != size:  # (the file shrank: the map's page fault will tell)
+                piece = None
+        add((name, buf[data:data + size] if piece is None else piece))
         mark(pos)
         if start != pos:
             extended.append(start)
@@ -85,15 +101,15 @@ def _walk(buf: bytes, pos: int, members: list[Member], headers: list[int], exten
     return pos
 
 
-def _walk_dense(buf: bytes, pos: int, members: list[Member], headers: list[int],
-                extended: list[int]) -> int:
+def _walk_dense(buf: Any, pos: int, members: list[Member], headers: list[int],
+                extended: list[int], window: int) -> int:
     """:func:`_walk` vectorized: every block from ``pos`` is parsed as if it were a plain
     header in one numpy pass; the chain of next-header indexes from the first block is then
     verified in one more pass for as long as it runs through plain headers only (a data block
     that looks like a header breaks it there), and Python follows it from where that stops."""
     import numpy as np  # only shards of small members pay for it
 
-    nblocks = (len(buf) - pos) // BLOCK
+    nblocks = (window - pos) // BLOCK
     rows = np.frombuffer(buf, np.uint8, nblocks * BLOCK, pos).reshape(nblocks, BLOCK)
     digits = rows[:, 124:135].astype(np.int64) - 48
     sizes = digits @ (8 ** np.arange(10, -1, -1, dtype=np.int64))  # octal digit weights
@@ -104,8 +120,9 @@ def _walk_dense(buf: bytes, pos: int, members: list[Member], headers: list[int],
     chain, i = _plain_chain(np, nxt)
     found: list[int] = []
     overrides: dict[int, tuple[str | None, int | None]] = {}
-    if i < nblocks and (nxt[i] >= 0 or fast_extended(buf, pos + i * BLOCK, len(buf) - BLOCK)):
-        i = _follow(buf, pos, nxt.tolist(), plain.tolist(), i, found, overrides, extended)
+    if i < nblocks and (nxt[i] >= 0 or fast_extended(buf, pos + i * BLOCK, window - BLOCK)):
+        i = _follow(buf, pos, nxt.tolist(), plain.tolist(), i, found, overrides, extended,
+                    window)
     if len(chain) or found:
         idx = np.concatenate((chain, np.array(found, dtype=np.intp))) if found else chain
         headers.extend(_collect(buf, pos, rows, sizes, idx, overrides, members))
@@ -124,16 +141,16 @@ def _plain_chain(np: Any, nxt: Any) -> tuple[Any, int]:
     return heads[:last + 1], int(nxt[heads[last]])
 
 
-def _follow(buf: bytes, pos: int, links: list[int], is_plain: list[bool], i: int,
+def _follow(buf: Any, pos: int, links: list[int], is_plain: list[bool], i: int,
             found: list[int], overrides: dict[int, tuple[str | None, int | None]],
-            extended: list[int]) -> int:
+            extended: list[int], window: int) -> int:
     """Follow the chain of headers from block ``i`` one by one (through pax and long-name
     headers too), appending the member header blocks to ``found``; return where it stops."""
     nblocks = len(links)
     while i < nblocks:
         j = links[i]
         if j < 0:  # not a plain member: maybe a pax/long-name header before one
-            ext = fast_extended(buf, pos + i * BLOCK, len(buf) - BLOCK)
+            ext = fast_extended(buf, pos + i * BLOCK, window - BLOCK)
             if ext is None:
                 break
             k = (ext[0] - pos) // BLOCK
@@ -149,7 +166,7 @@ def _follow(buf: bytes, pos: int, links: list[int], is_plain: list[bool], i: int
     return i
 
 
-def _collect(buf: bytes, pos: int, rows: Any, sizes: Any, idx: Any,
+def _collect(buf: Any, pos: int, rows: Any, sizes: Any, idx: Any,
              overrides: dict[int, tuple[str | None, int | None]], members: list[Member]
              ) -> list[int]:
     """Append the members whose headers are the blocks ``idx`` (relative to ``pos``); return
@@ -176,7 +193,7 @@ def _collect(buf: bytes, pos: int, rows: Any, sizes: Any, idx: Any,
     return starts
 
 
-def fast_extended(buf: bytes, pos: int, limit: int) -> tuple[int, str | None, int | None] | None:
+def fast_extended(buf: Any, pos: int, limit: int) -> tuple[int, str | None, int | None] | None:
     """A buffered pax (``x``) or GNU long-name (``L``) header at ``pos`` whose member header is
     buffered too: ``(member header offset, name or None, size or None)``; None otherwise."""
     kind = buf[pos + 156]

@@ -8,6 +8,7 @@ that do not fit get a pax header, or a GNU long-name record with ``format="gnu"`
 
 from __future__ import annotations
 
+import mmap
 import re
 import tarfile
 import zlib
@@ -41,7 +42,7 @@ FORMATS = {
     "gnu": "gnu", "GNU_FORMAT": "gnu", tarfile.GNU_FORMAT: "gnu",
 }
 
-_NUMPY_MIN = 8  # batches with fewer headers are checked in pure Python
+_NUMPY_MIN = 16  # batches with fewer headers are checked in pure Python
 _PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
 
 
@@ -88,7 +89,7 @@ def checksum_ok(header: bytes) -> bool:
     return high > 0 and stored == unsigned - 256 * high
 
 
-def first_bad_header(buf: bytes, headers: list[int], *, vectorize: bool = True) -> int:
+def first_bad_header(buf: bytes | mmap.mmap, headers: list[int], *, vectorize: bool = True) -> int:
     """Offset in ``buf`` of the first of the ``headers`` failing its checksum, or -1; checked
     with numpy when they are many and ``vectorize``."""
     if len(headers) < _NUMPY_MIN or not vectorize:

@@ -26,18 +26,26 @@ and none more), and its padding comes with the next header in one small read. Th
 switches to that mode at the first large member that is not buffered yet, and back to large
 buffers after a run of small members. Anything unusual takes the general one-header-at-a-time
 path (:class:`_Reader`).
+
+A regular local file (a local or cached shard) is instead read through a memory map
+(:mod:`.mapped`): the whole file is the buffer, parsed a window of ``chunk_size`` at a time,
+each member's ``bytes`` sliced out of the map (one copy from the page cache, no ``read``).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
+import mmap
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import BinaryIO, TypeGuard
 
 from ..errors import ShardFormatError
 from ..urls import redact
-from .bulk import Member, fast_batch
+from .bulk import READ_AT_MIN, Member, ReadAt, fast_batch
 from .compress import CHUNK_SIZE, tar_source
 from .header import (
     BLOCK,
@@ -49,6 +57,7 @@ from .header import (
     parse_pax,
     pax_overrides,
 )
+from .mapped import MappedFile, at_end, map_file
 
 __all__ = [
     "BLOCK",
@@ -85,9 +94,12 @@ class _Reader:
     small, :data:`BLOCK` (just the next header) while they are large (see :func:`_large_members`).
     """
 
-    def __init__(self, read: Callable[[int], bytes], head: bytes, url: str, chunk: int) -> None:
+    def __init__(self, read: Callable[[int], bytes], head: bytes | mmap.mmap, url: str,
+                 chunk: int) -> None:
         self.read, self.buf, self.url, self.chunk = read, head, url, chunk
         self.ahead = chunk
+        #: reads ``(size, offset)`` of a mapped file (``os.pread``), for large members' data
+        self.read_at: ReadAt | None = None
         self.pos = 0  # position in buf
         self.off = 0  # stream offset of buf[0]; always a multiple of BLOCK
 
@@ -115,6 +127,7 @@ class _Reader:
             have += len(data)
         self.off += pos
         self.buf, self.pos = b"".join(parts), 0
+        self.read_at = None  # (the buffer is no longer the mapped file)
         return have
 
     def take(self, size: int, member: str, header_at: int, *, entry: str | None = None
@@ -130,7 +143,11 @@ class _Reader:
         if have >= size:
             pos = self.pos
             self.pos = pos + size
-            data = self.buf[pos:pos + size]
+            data = b""
+            if self.read_at is not None and size >= READ_AT_MIN:
+                data = self.read_at(size, pos)
+            if len(data) != size:
+                data = self.buf[pos:pos + size]
         else:
             data = self._read_direct(size, member, header_at, entry)
         if total > size:
@@ -182,7 +199,7 @@ class _Reader:
         have = self.fill(BLOCK)
         buf, pos = self.buf, self.pos
         if have < BLOCK:
-            if buf.count(0, pos) == have:  # clean end, or cut inside the end-of-archive blocks
+            if buf[pos:].count(0) == have:  # clean end, or cut inside the end-of-archive blocks
                 return None
             raise self.error(f"truncated tar header: the stream ends {have} bytes into it")
         header = buf[pos:pos + BLOCK]
@@ -365,26 +382,49 @@ def iter_member_batches(
 ) -> Iterator[list[Member]]:
     """Yield the regular members of the tar archive in ``stream`` as lists of ``(name, data)``.
 
-    ``url`` is used in error messages only (redacted). The stream is read, never seeked nor
-    closed. Raises :class:`ShardFormatError` for a truncated or corrupt archive, after yielding
+    ``url`` is used in error messages only (redacted). The stream is read, never closed; a
+    local file's is read through a memory map (:mod:`.mapped`), then seeked to where reading
+    stopped. Raises :class:`ShardFormatError` for a truncated or corrupt archive, after yielding
     every whole member before the damage. ``marks``: a one-item list set to the
     :data:`Marks` of each batch before it is yielded (for resumable positions).
     ``following``: a one-item list set before each batch to what is known of the member
     after it (see :data:`Following`; None when nothing is), so that grouping can hand a sample
     on before the next member's data is read (one large ``bytes`` fewer alive at a time).
     """
-    # the first read is one header: a large first member is then read like any other
-    read, head = tar_source(stream, url, peek=BLOCK)
-    compressed = getattr(read, "__self__", None) is not stream
-    reader = _Reader(read, head, url, max(chunk_size, BLOCK))
+    mapped = map_file(stream)
+    if mapped is None:
+        # the first read is one header: a large first member is then read like any other
+        read, head = tar_source(stream, url, peek=BLOCK)
+        compressed = getattr(read, "__self__", None) is not stream
+        reader = _Reader(read, head, url, max(chunk_size, BLOCK))
+    else:  # the whole file is the buffer, parsed a window of ``chunk`` at a time
+        compressed = False
+        reader = _Reader(at_end, mapped.map, url, max(chunk_size, BLOCK))
+        reader.pos, reader.off = mapped.start, -mapped.start  # offsets from the stream's start
+        reader.read_at = functools.partial(os.pread, stream.fileno())
+    try:
+        yield from _batches(reader, compressed, marks, following, mapped)
+    finally:
+        if mapped is not None:
+            mapped.close()
+            with contextlib.suppress(OSError, ValueError):  # the stream is where reading stopped
+                stream.seek(mapped.start + reader.off + reader.pos)
+
+
+def _batches(reader: _Reader, compressed: bool, marks: list[Marks] | None,
+             following: Following | None, mapped: MappedFile | None,
+             ) -> Iterator[list[Member]]:
+    """The loop of :func:`iter_member_batches` over ``reader``."""
     small = 0  # members read one by one since the last large one
     while True:
         if reader.ahead > BLOCK:  # small members: parse what a large buffer holds
             buf, start = reader.buf, reader.pos
             # numpy once loaded, or after the first chunk: the first samples never wait for it
-            vectorize = reader.off >= reader.chunk or "numpy" in sys.modules
-            batch, headers, extended, reader.pos = fast_batch(buf, reader.pos,
-                                                              vectorize=vectorize)
+            vectorize = reader.off + start >= reader.chunk or "numpy" in sys.modules
+            window = None if mapped is None else start + reader.chunk
+            batch, headers, extended, reader.pos = fast_batch(buf, start, vectorize=vectorize,
+                                                              end=window,
+                                                              read_at=reader.read_at)
             if headers:
                 bad = first_bad_header(buf, headers + extended if extended else headers,
                                        vectorize=vectorize)
@@ -396,6 +436,10 @@ def iter_member_batches(
                         yield batch[:good]
                     raise reader.error(_BAD_CHECKSUM, at=reader.off + bad)
                 yield batch
+                if mapped is not None:
+                    mapped.consumed(reader.pos)
+                    if window is not None and reader.pos > window - BLOCK:
+                        continue  # the window ended: parse the next one
         else:
             yield from _large_members(reader, marks, compressed, following)
         if following is not None:
@@ -404,7 +448,8 @@ def iter_member_batches(
         item = reader.step()
         if item is _END:
             return
-        if item is not None and len(item[1]) >= DIRECT_MIN:  # type: ignore[index]
+        if mapped is None and item is not None \
+                and len(item[1]) >= DIRECT_MIN:  # type: ignore[index]
             reader.ahead, small = BLOCK, 0  # large members: one by one, no read-ahead
         elif reader.ahead == BLOCK:
             small += 1

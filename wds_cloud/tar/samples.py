@@ -217,28 +217,40 @@ def _hooks(
 class _Outcome:
     """How a shard ended: ``go_on`` is False when the handler said stop; ``damaged`` when a
     read or format error cut the shard short, and ``broken`` the member it names (None when it
-    names none)."""
+    names none); ``error``: that error, when it is for the caller to hand to the handler (once
+    the sample completed before it is out)."""
 
-    __slots__ = ("broken", "damaged", "go_on")
+    __slots__ = ("broken", "damaged", "error", "go_on")
 
     def __init__(self) -> None:
         self.go_on = True
         self.damaged = False
         self.broken: str | None = None
+        self.error: BaseException | None = None
+
+    def handle(self, handler: Handler) -> bool:
+        """Hand the deferred error (if any) to ``handler``; whether to go on."""
+        if self.error is not None:
+            error, self.error = self.error, None
+            self.go_on = bool(handler(error))
+        return self.go_on
 
 
-def _batches(stream: BinaryIO, url: str, handler: Handler, outcome: _Outcome,
+def _batches(stream: BinaryIO, url: str, handler: Handler | None, outcome: _Outcome,
              marks: list[Marks] | None = None, following: Following | None = None,
              ) -> Iterator[list[tuple[str, bytes]]]:
     """The shard's member batches; a read error goes to ``handler``, whose answer (go on to
-    the next shard, or stop) is stored in ``outcome``."""
+    the next shard, or stop) is stored in ``outcome``; with no handler the error is kept in
+    ``outcome.error`` for the caller to hand on (:meth:`_Outcome.handle`)."""
     try:
         yield from iter_member_batches(stream, url=url, marks=marks, following=following)
     except Exception as exn:
         outcome.damaged = True
         member = getattr(exn, "member", None) if isinstance(exn, ShardFormatError) else None
         outcome.broken = member if isinstance(member, str) else None
-        outcome.go_on = bool(handler(_read_error(exn, url)))
+        outcome.error = _read_error(exn, url)
+        if handler is not None:
+            outcome.handle(handler)
 
 
 def _members(

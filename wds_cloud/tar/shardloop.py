@@ -191,7 +191,8 @@ def _shard_samples(
     outcome = _Outcome()
     marks = None if cursor is None else cursor.marks
     following: Following = [None]
-    for batch in _batches(stream, url, handler, outcome, marks, None if hooks else following):
+    # the handler sees a read error only once the sample complete before it is out
+    for batch in _batches(stream, url, None, outcome, marks, None if hooks else following):
         for j, (name, data) in enumerate(batch):
             if name.startswith("__") and _is_meta(name, _META):
                 continue
@@ -245,7 +246,7 @@ def _shard_samples(
         yield current
     elif cursor is not None:
         cursor.done = True
-    return outcome.go_on
+    return outcome.handle(handler)
 
 
 def _key(name: str) -> str | None:
