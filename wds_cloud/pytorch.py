@@ -429,16 +429,17 @@ class WebLoader(DataPipeline, FluidInterface):
             loader.worker_init_fn = _ReportIO(self._io_counters, loader.worker_init_fn, ship)
         super().__init__(_EpochedLoader(loader))
 
-    def io_stats(self) -> dict[str, int]:
+    def io_stats(self) -> dict[str, float]:
         """The remote I/O counters of ``wds.io_stats()`` (requests, retries, resumes,
-        bytes read, failures, uploads) summed over this loader's DataLoader workers and every
-        epoch so far. What the main process does itself, and all the loading when
-        ``num_workers=0``, is counted by ``wds.io_stats()`` instead."""
-        from .stores.iostats import IO_FIELDS
+        bytes read, failures, uploads, shards, gets, and ``gets_per_shard``) summed over this
+        loader's DataLoader workers and every epoch so far. What the main process does itself,
+        and all the loading when ``num_workers=0``, is counted by ``wds.io_stats()`` instead."""
+        from .stores.iostats import IO_FIELDS, with_gets_per_shard
 
         counters = self._io_counters if self._io_counters is not None else []
         width = len(IO_FIELDS)
-        return {name: sum(counters[i::width]) for i, name in enumerate(IO_FIELDS)}
+        return with_gets_per_shard({name: sum(counters[i::width])
+                                    for i, name in enumerate(IO_FIELDS)})
 
     @property
     def dataloader(self) -> Any:

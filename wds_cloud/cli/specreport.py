@@ -11,8 +11,13 @@ Estimates, per source (``share``: its expected share, with each ``scale`` at its
   mix), ``shards per epoch * samples per shard`` (webdataset's per-epoch shard lists), or the
   counts of Mosaic's / Energon's rules (a spec of mode ``"samples"``: exact when the sizes are);
 - passes: expected samples per epoch / samples in the source;
-- GET requests per epoch: the shards opened; in a mix every slot (rank x worker) reads its own
-  stream of every source, so ``slots * ceil(samples per slot / samples per shard)``;
+- GET requests per epoch: the shards opened, one GET each (a shard's read is one streaming
+  GET, plus one per resume or retry); in a mix every slot (rank x worker) reads its own
+  stream of every source, so ``slots * (samples per slot / samples per shard + 1/2 + ahead)``
+  rounded: the shards read to their end, the one under way (on average half read: where the
+  epoch stops in it is random), and ``ahead``, the shards opened ahead of each stream when the
+  epoch stops (read-ahead opens one while pre-reading does not pay, more on links slower than
+  their reader; 0 with ``WDS_READAHEAD=0`` and for local files);
 - bytes read per epoch: GET requests * the mean shard size (whole shards: an upper bound).
 """
 
@@ -25,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..settings import human_size
-from ..urls import redact
+from ..urls import redact, split_scheme
 from .common import plural
 
 if TYPE_CHECKING:
@@ -62,6 +67,8 @@ class Shape:
     workers: int = 1
     batch_size: int | None = None
     epoch_batches: int | None = None
+    #: shards each stream of a remote source opens ahead of the one it reads (a GET each)
+    ahead: int = 1
 
     @property
     def slots(self) -> int:
@@ -74,6 +81,11 @@ class Shape:
         if self.batch_size is None or self.epoch_batches is None:
             return None
         return self.world_size * self.epoch_batches * self.batch_size
+
+
+def _remote(pattern: str) -> bool:
+    """Whether shards of ``pattern`` are read from a store (opened ahead: a GET each)."""
+    return split_scheme(pattern)[0] not in ("", "file", "pipe")
 
 
 def _shards(source: SourceSpec, found: Found) -> int | None:
@@ -185,7 +197,9 @@ def rows_of(spec: DatasetSpec, found: Sequence[Found], shape: Shape,
             gets = None
             if expected is not None and per_shard:
                 per_slot = expected / shape.slots
-                gets = shape.slots * math.ceil(per_slot / per_shard) if expected > 0 else 0
+                ahead = shape.ahead if _remote(source.pattern) else 0
+                gets = (math.floor(shape.slots * (per_slot / per_shard + 0.5 + ahead) + 0.5)
+                        if expected > 0 else 0)
         row["expected_samples"] = expected
         row["passes"] = expected / samples if expected is not None and samples else None
         row["gets"] = gets

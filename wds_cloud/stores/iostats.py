@@ -14,15 +14,18 @@ import threading
 from collections.abc import MutableSequence
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["IO_FIELDS", "IOStats", "count_io", "io_stats", "report_io_to", "reset_io_stats"]
+__all__ = ["IO_FIELDS", "IOStats", "count_io", "io_stats", "report_io_to", "reset_io_stats",
+           "with_gets_per_shard"]
 
 
 @dataclass
 class IOStats:
     """Counters of this process's remote transfers (a snapshot from :func:`io_stats`):
-    ``requests`` made (reads and uploads), ``retries`` after a transient failure, ``resumes``
-    of a read where it stopped, ``bytes_read``, ``failures`` (transfers given up) and
-    ``uploads`` committed."""
+    ``requests`` made (reads, uploads, listings and lookups), ``retries`` after a transient
+    failure, ``resumes`` of a read where it stopped, ``bytes_read``, ``failures`` (transfers
+    given up), ``uploads`` committed, ``shards`` opened for reading at a store (a shard opened
+    ahead counts, read or not) and the ``gets`` their reads took (the first GET of each, its
+    retries and resumes)."""
 
     requests: int = 0
     retries: int = 0
@@ -30,6 +33,8 @@ class IOStats:
     bytes_read: int = 0
     failures: int = 0
     uploads: int = 0
+    shards: int = 0
+    gets: int = 0
 
 
 #: the counters' names, in the order :func:`report_io_to` lays them out
@@ -52,14 +57,23 @@ def count_io(**increments: int) -> None:
                 slots[first + IO_FIELDS.index(name)] += n
 
 
-def io_stats() -> dict[str, int]:
-    """Requests, retries, resumes, bytes read, failures and uploads of **this process** so far.
+def io_stats() -> dict[str, float]:
+    """Requests, retries, resumes, bytes read, failures, uploads, shards opened and their GETs
+    of **this process** so far (ints), and ``gets_per_shard`` (``gets / shards``; 0.0 before
+    any): a shard costs one GET, and one more for each resume or retry of its read.
 
     Counters are per process: what DataLoader workers did is counted in the workers, not
     here. ``WebLoader(...).io_stats()`` sums what its workers did (see :func:`report_io_to`).
     """
     with _stats_lock:
-        return asdict(_stats)
+        return with_gets_per_shard(asdict(_stats))
+
+
+def with_gets_per_shard(counts: dict[str, int]) -> dict[str, float]:
+    """``counts`` (of :data:`IO_FIELDS`) with ``gets_per_shard`` added."""
+    out: dict[str, float] = dict(counts)
+    out["gets_per_shard"] = counts["gets"] / counts["shards"] if counts["shards"] else 0.0
+    return out
 
 
 def report_io_to(slots: MutableSequence[int] | None, first: int = 0) -> None:
