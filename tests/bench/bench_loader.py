@@ -14,7 +14,10 @@ median of R interleaved rounds (the order rotating), the first item of each pass
   ``DataLoader(webdataset.WebDataset(urls), batch_size=None, num_workers=2)``; target ≥ 0.9×;
 * batches in the workers: ``WebDataset(urls).map(sum of the bytes).batched(64)`` through a
   ``WebLoader`` with 2 workers against the same dataset iterated in this process; target ≥ 1.6×
-  (on 2 cores; it needs the cores to be free: see the load printed);
+  (on 2 cores; it needs the cores to be free: see the load printed; with the kernel's
+  ``sched_autogroup`` on, as printed, the processes of one session share one CPU share, so
+  while others' sessions keep the cores busy, workers add no CPU and the ratio stays near
+  1× whatever they cost);
 * a WebLoader saved mid-epoch and restored (shuffled, 2 workers): checked equal to the
   uninterrupted run, with the time ``state_dict()`` took and the size of the state.
 
@@ -89,6 +92,14 @@ def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, 
         for name in names[r % len(names):] + names[:r % len(names)]:
             rates[name].append(runs[name]())
     return rates
+
+
+def autogroup() -> str:
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return "on" if f.read().strip() == "1" else "off"
+    except OSError:
+        return "unknown"
 
 
 def load() -> str:
@@ -185,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                 while f.read(1 << 22):
                     pass
         print(f"# {args.samples:,} tiny samples (3 members) in {len(urls)} local shards; "
-              f"medians of {args.rounds} interleaved rounds; {load()}", flush=True)
+              f"medians of {args.rounds} interleaved rounds; {os.cpu_count()} cores, "
+              f"sched_autogroup {autogroup()}; {load()}", flush=True)
         results.append(single_samples(urls, args.rounds))
         results.append(batches_in_workers(urls, args.rounds))
         resumed_exactly(urls[:2] if args.quick else urls[:4])
