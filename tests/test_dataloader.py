@@ -170,3 +170,41 @@ def test_the_parent_reads_plain_samples_after_a_webloader_read_the_dataset(
         in_parent = sorted(s["__key__"] for s in dataset)
         assert in_parent == by_workers and len(in_parent) == 12
         assert sorted(s["__key__"] for s in loader) == by_workers  # the loader again
+
+
+def test_small_tensors_travel_in_the_pickle_of_their_batch() -> None:
+    """A WebLoader's worker packs its batches so that small CPU tensors travel as bytes (not
+    each through shared memory and a file descriptor of its own): the same values, dtypes and
+    shapes come out; a larger tensor goes torch's way; other objects are untouched."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from wds_cloud.pytorch import INLINE_TENSOR_BYTES, _Packed
+
+    small = {"i": torch.arange(64), "f": torch.rand(3, 4, dtype=torch.float16),
+             "b": torch.tensor([True, False]), "view": torch.arange(20).reshape(4, 5)[:, 1],
+             "empty": torch.zeros(0), "text": ["a", b"b"], "n": 3}
+    data = bytes(ForkingPickler.dumps(_Packed(small)))
+    back = pickle.loads(data)
+    assert back.keys() == small.keys() and back["text"] == ["a", b"b"] and back["n"] == 3
+    for key in ("i", "f", "b", "view", "empty"):
+        assert back[key].dtype == small[key].dtype and back[key].shape == small[key].shape
+        assert torch.equal(back[key], small[key])
+    assert b"rebuild_storage" not in data  # no shared memory for them
+    large = torch.zeros(INLINE_TENSOR_BYTES // 4 + 1, dtype=torch.float32)
+    assert b"rebuild_storage" in bytes(ForkingPickler.dumps(_Packed(large)))
+
+
+def test_batches_from_workers_equal_the_dataloaders_own(tmp_path: Path) -> None:
+    """Batches collated in the workers (numbers become tensors) come out of a WebLoader as
+    out of a plain DataLoader over the same dataset."""
+    urls = [write_tar(tmp_path / f"s{k}.tar", [(f"k{k}_{i:03d}", {"cls": str(i).encode()})
+                                                for i in range(40)]) for k in range(2)]
+
+    def dataset() -> Any:
+        return wds.WebDataset(urls, shardshuffle=False).decode().to_tuple("cls").batched(8)
+
+    ours = list(wds.WebLoader(dataset(), batch_size=None, num_workers=2))
+    theirs = list(DataLoader(dataset(), batch_size=None, num_workers=2))
+    assert len(ours) == len(theirs) == 10
+    for a, b in zip(ours, theirs, strict=True):
+        assert isinstance(a[0], torch.Tensor) and torch.equal(a[0], b[0])

@@ -30,8 +30,9 @@ variable                 meaning
 ``WDS_RETRY_BACKOFF``    first backoff delay in seconds, doubled each retry (default 0.2)
 ``WDS_RETRY_BACKOFF_MAX`` longest backoff delay in seconds (default 10)
 ``WDS_TIMEOUT``          seconds to wait for a connection or for the next bytes (default 60)
-``WDS_READAHEAD``        shards opened ahead of the one being read, per worker (default 16:
-                         enough to hide 50 ms to a first byte behind 4 MB shards; 0: off)
+``WDS_READAHEAD``        most shards opened ahead of the one being read, per worker, once
+                         pre-reading pays (default 16: enough to hide 50 ms to a first byte
+                         behind 4 MB shards); until then one (a GET each); 0: off
 ``WDS_READAHEAD_BYTES``  bytes pre-read in all the shards opened ahead, once that pays (the
                          reader's own reads come slower than 512 MiB/s; default 64MiB)
 ``WDS_<NAME>``           value of ``${NAME}`` in shard URLs

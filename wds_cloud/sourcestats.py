@@ -67,10 +67,10 @@ def gather(counters: Sequence[int], workers: int, names: Sequence[str], *,
 
 def own_counts(names: Sequence[str]) -> list[int]:
     """This process's counters laid out as one worker's block of :func:`gather`."""
-    from .stores.iostats import SOURCE_FIELDS, io_stats, source_stats
+    from .stores.iostats import IO_FIELDS, SOURCE_FIELDS, io_stats, source_stats
 
-    mine = source_stats()
-    return [*io_stats().values(),
+    mine, io = source_stats(), io_stats()
+    return [*(int(io[field]) for field in IO_FIELDS),
             *(mine.get(name, {}).get(field, 0) for name in names for field in SOURCE_FIELDS)]
 
 

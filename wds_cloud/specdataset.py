@@ -174,9 +174,9 @@ class _Counted:
     name: str
 
     def __call__(self, url: str, **kw: Any) -> Any:
-        from .stores.iostats import count_io, reading_for
+        from .stores.iostats import count_source, reading_for
 
-        count_io(self.name, shards=1)
+        count_source(self.name, shards=1)
         with reading_for(self.name):
             return self.opener(url, **kw)
 

@@ -345,6 +345,9 @@ def main() -> int:
         os.environ.pop(name, None)  # (a) and (d) must not go through a cache of the caller's
     with tempfile.TemporaryDirectory(prefix="wds-bench-cache-") as tmp:
         run(Path(tmp), count, size, repeats, args.profile)
+    stats = wds.io_stats()  # what this process read from stores
+    print(f"# GETs per shard: {stats['gets_per_shard']:.2f} ({stats['gets']} GETs for "
+          f"{stats['shards']} shards opened at a store by this process)", flush=True)
     return 0
 
 

@@ -293,6 +293,9 @@ def main() -> int:
                 directory = Path(tmp) / name
                 directory.mkdir()
                 run(directory)
+    stats = wds.io_stats()  # what this process read from stores
+    print(f"# GETs per shard: {stats['gets_per_shard']:.2f} ({stats['gets']} GETs for "
+          f"{stats['shards']} shards opened at a store by this process)", flush=True)
     return 0
 
 

@@ -349,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             verdict = "ok" if value >= target else "BELOW TARGET"
             print(f"#   {label}: {value:.2f}{unit} (target ≥ {target}{unit}) {verdict}")
+    stats = wds_cloud.io_stats()  # what this process read from stores
+    print(f"# GETs per shard: {stats['gets_per_shard']:.2f} ({stats['gets']} GETs for "
+          f"{stats['shards']} shards opened at a store by this process)", flush=True)
     return 0
 
 

@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {rounds}): fresh {f * 1e3:.0f} ms, after restore {r * 1e3:.0f} ms, "
           f"ratio {r / f:.2f}× (goal ≤ 2×) [fresh {'/'.join(f'{x * 1e3:.0f}' for x in fresh)}"
           f"; restore {'/'.join(f'{x * 1e3:.0f}' for x in restored)} ms]")
+    stats = wds.io_stats()  # what this process read from stores
+    print(f"# GETs per shard: {stats['gets_per_shard']:.2f} ({stats['gets']} GETs for "
+          f"{stats['shards']} shards opened at a store by this process)", flush=True)
     return 0
 
 

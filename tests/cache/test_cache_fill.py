@@ -255,6 +255,26 @@ def test_reader_closing_near_the_end_pulls_the_rest_itself(
     assert shard.gets() == 1
 
 
+@pytest.mark.parametrize("read", [0, 100_000])
+def test_a_stream_only_read_ahead_stops_its_download(
+        nginx_server: NginxServer, tmp_path: Path, read: int) -> None:
+    """A shard a read-ahead opened (and pre-read ``read`` bytes of) and dropped unread is
+    closed with ``close_unread()``: its download stops, even within ``FINISH_TAIL`` of the end
+    (a small shard), leaving no entry and no partial file, its lock free; a later read fills
+    it normally."""
+    shard = put_shard(nginx_server, f"ahead/shard-{read}.tar", blob(FINISH_TAIL // 2, 4))
+    url, source, cache = shard.url, shard.source, tmp_path / "cache"
+    stream = wds.gopen(url, cache_dir=str(cache))
+    assert len(stream.read(read)) == read
+    stream.close_unread()  # type: ignore[attr-defined]
+    assert wait_downloads(WAIT)
+    assert cache_files(cache) == [] and cache_files(cache, "partial") == []
+    assert layout(cache).lock_free(layout(cache).name_for(url))
+    with wds.gopen(url, cache_dir=str(cache)) as stream:
+        assert read_all(stream) == source
+    assert_published(cache, url, source)
+
+
 def test_reader_closing_early_drops_the_download(nginx_server: NginxServer,
                                                  tmp_path: Path) -> None:
     """Read 1 MiB of a 16 MiB shard through the cache and close, nobody reading along: the

@@ -22,6 +22,7 @@ from wds_cloud.listing import Listings, shard_sizes
 from wds_cloud.router import Router
 from wds_cloud.settings import Settings, human_size
 from wds_cloud.spec import load_spec
+from wds_cloud.spec.build import source_draws
 
 DOCS_EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "webdataset-docs.yaml"
 
@@ -95,7 +96,10 @@ def test_rows_of_local_sources(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         expected = bounds[name][1] * total
         assert row["expected_samples"] == pytest.approx(expected)
         assert row["passes"] == pytest.approx(expected / (shards * per_shard))
-        assert row["gets"] == 4 * math.ceil(expected / 4 / per_shard)
+        index = [source.name for source in spec.sources].index(name)
+        drawn = [source_draws(spec, seed=11, epoch=0, slot=slot, n=total // 4).count(index)
+                 for slot in range(4)]  # epoch 0's own draws; local shards: none opened ahead
+        assert row["gets"] == sum(math.ceil(n / per_shard) for n in drawn)
         assert row["bytes_read"] == round(row["gets"] * row["bytes"] / shards)
     assert _row(report, "a")["probability"]["expected"] == pytest.approx(0.5 / 0.805)
     assert _row(report, "b")["scale"] == [0.5, 1.5]
@@ -261,6 +265,30 @@ def test_sources_on_s3(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                                  shards * per_shard), row
         assert row["shard_read"].startswith(store.url(f"train/{name}-"))
     assert _row(report, "big")["probability"]["expected"] == pytest.approx(2 / 3.75)
+
+
+@pytest.mark.parametrize("batches", [3, 10])
+def test_the_gets_estimate_is_what_a_run_makes_on_s3(
+        capsys: pytest.CaptureFixture[str], s3_spec: tuple[str, Store], batches: int) -> None:
+    """``spec check``'s GET requests for an epoch are within 10% of what reading that many
+    samples of the spec with default settings made at the S3 server (the shards read, one GET
+    each, and per stream the one opened ahead when the epoch stops)."""
+    import itertools
+
+    import wds_cloud as wds
+
+    path, _ = s3_spec
+    code, report = _report(capsys, path, "--batch-size", "100", "--epoch-batches", str(batches))
+    assert code == 0, report["errors"]
+    predicted = sum(row["gets"] for row in report["sources"])
+    wds.reset_io_stats()
+    dataset = wds.WebDataset(path)
+    for _ in itertools.islice(dataset, 100 * batches):
+        pass
+    dataset.close()
+    made = wds.io_stats()
+    assert made["gets"] == made["shards"] and made["gets_per_shard"] == 1.0
+    assert abs(made["gets"] - predicted) <= 0.1 * predicted, (made, predicted)
 
 
 def test_sources_on_http(capsys: pytest.CaptureFixture[str], tmp_path: Path,

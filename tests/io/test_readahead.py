@@ -8,6 +8,7 @@ check the contract without timing anything.
 from __future__ import annotations
 
 import gc
+import io
 import os
 import subprocess
 import sys
@@ -477,6 +478,55 @@ def test_lookahead_is_bounded(shards: list[str]) -> None:
     assert stats.opened_ahead + stats.direct == len(shards)
     assert stats.opened_ahead >= len(shards) // 2  # in the background (bar a thread-start race)
     assert stats.waits + stats.hits + stats.direct == len(shards)
+
+
+@pytest.mark.parametrize(("pays", "lead", "ahead"), [(False, 1, 1), (False, 3, 3),
+                                                     (True, 1, 4)])
+def test_shards_opened_ahead_are_the_lead_until_pre_reading_pays(
+        shards: list[str], pays: bool, lead: int, ahead: int) -> None:
+    """Each shard opened ahead is a GET: while the connections keep up only ``lead`` are, so
+    that a run stopped after its first shard opened at most ``1 + lead``; ``depth`` once
+    pre-reading pays."""
+    pulled: list[str] = []
+
+    def items() -> Iterator[dict[str, Any]]:
+        for url in shards:
+            pulled.append(url)
+            yield {"url": url}
+
+    opener = SlowOpener()
+    with ReadAhead(opener, depth=4, max_bytes=1 << 20, pace=Pace(pays=pays), lead=lead) as ra:
+        for item in ra.sources(items()):
+            ra.open(item["url"]).close()
+            break
+    assert pulled == shards[:1 + ahead]
+    assert set(opener.opens()) <= set(pulled)  # (one not yet opened at the break is not)
+
+
+def test_a_shard_opened_ahead_and_dropped_is_closed_unread(shards: list[str]) -> None:
+    """A stream the consumer never got is closed with its ``close_unread()`` (a cache fill
+    stops there), one the consumer got with its own ``close()``."""
+    closed: dict[str, str] = {}
+
+    class Stream(io.BytesIO):
+        def __init__(self, url: str) -> None:
+            super().__init__(b"")
+            self.url = url
+
+        def close_unread(self) -> None:
+            closed[self.url] = "unread"
+            super().close()
+
+        def close(self) -> None:
+            closed.setdefault(self.url, "closed")
+            super().close()
+
+    with ReadAhead(Stream, depth=2, max_bytes=0) as ra:
+        for item in ra.sources([{"url": u} for u in shards]):
+            ra.open(item["url"]).close()
+            break
+    assert closed[shards[0]] == "closed"
+    assert all(closed.get(u, "unread") == "unread" for u in shards[1:])
 
 
 def test_depth_zero_is_a_plain_pass_through(shards: list[str]) -> None:

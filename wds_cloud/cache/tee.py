@@ -3,7 +3,9 @@
 The downloading reader reads through a :class:`TeeStream`, which hands every piece to the
 entry's :class:`~wds_cloud.cache.fill.Fill` before the reader sees it. When readers elsewhere
 wait on an idle downloader, or it closes early while they read along, a pump thread pulls the
-rest; a reader closing within :data:`FINISH_TAIL` of the end pulls the rest itself.
+rest; a reader closing within :data:`FINISH_TAIL` of the end pulls the rest itself. A stream
+that a read-ahead opened (perhaps pre-read) and dropped without handing it to a reader is
+closed with :meth:`TeeStream.close_unread`: its download stops there, since nobody reads it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class TeeStream(SequentialStream):
         self._lock = threading.Lock()  # held while pulling from the store
         self._state = threading.Lock()  # guards the probe descriptor and the pump's hand-off
         self._closing = False
+        self._unread = False  # closed by a read-ahead that never handed it to a reader
         fill.on_idle = self._on_idle
         if pos:
             self._skip(pos)
@@ -211,12 +214,21 @@ class TeeStream(SequentialStream):
         if not self._done and self._feeding:
             self._start_pump()
 
+    def close_unread(self) -> None:
+        """Close a stream that no reader read (a read-ahead opened, perhaps pre-read, then
+        dropped it): the download stops here, even within :data:`FINISH_TAIL` of the end,
+        unless it is complete or readers elsewhere read along (then the pump goes on)."""
+        self._unread = True
+        self.close()
+
     def close(self) -> None:
         if self.closed:
             return
         left = self._fill.size - self._fed
         if self._done or left <= 0:
             self._finish()
+        elif self._unread and not (self._pumping or self._followed()):
+            self._end(Cancelled())  # nobody reads it: no download for nobody
         elif left <= FINISH_TAIL and not self._pumping:
             self._pull_tail()  # a tar reader stops before the padding
         elif left <= FINISH_TAIL or self._pumping or self._followed():

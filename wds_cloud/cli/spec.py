@@ -62,10 +62,12 @@ every slot in epoch 0, no I/O, observed next to realized shares.
 Shards are listed where they will be read from (rewrite rules, AIStore), with the spec's
 storage_options: globs through the router, brace lists with one listing per directory (one
 metadata request per shard for up to 3; http(s): a request for each one's first byte);
-pipe: sizes are not looked up. GET requests and bytes read count whole shards (an upper
-bound). If a source cannot be listed or read, the table (with its shares) is still printed,
-then the errors, and the exit status is 2. --no-list skips all I/O: the shares, and counts
-of brace patterns, from the spec alone (e.g. for shards not reachable from here).
+pipe: sizes are not looked up. GET requests count one per shard read, and in a mix one
+per stream for the shard opened ahead when the epoch stops (WDS_READAHEAD=0: none); bytes
+read count whole shards (an upper bound). If a source cannot be listed or read, the table
+(with its shares) is still printed, then the errors, and the exit status is 2. --no-list
+skips all I/O: the shares, and counts of brace patterns, from the spec alone (e.g. for
+shards not reachable from here).
 
 exit status: 0 ok; 1 invalid spec (the message names the file and key); 2 shards unreachable,
 missing or unmatched (the message names the source and URL)."""
@@ -135,7 +137,8 @@ def cmd_spec(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _invalid(str(exc))
     seed, seed_from = _seed(args.seed, settings, spec)
-    shape = Shape(args.world_size, args.workers, args.batch_size, args.epoch_batches)
+    shape = Shape(args.world_size, args.workers, args.batch_size, args.epoch_batches,
+                  ahead=min(settings.readahead, 1))
     found = [Found() for _ in spec.sources]
     invalid: list[str] = []
     errors: list[str] = []

@@ -11,8 +11,16 @@ Estimates, per source (``share``: its expected share, with each ``scale`` at its
   mix), ``shards per epoch * samples per shard`` (webdataset's per-epoch shard lists), or the
   counts of Mosaic's / Energon's rules (a spec of mode ``"samples"``: exact when the sizes are);
 - passes: expected samples per epoch / samples in the source;
-- GET requests per epoch: the shards opened; in a mix every slot (rank x worker) reads its own
-  stream of every source, so ``slots * ceil(samples per slot / samples per shard)``;
+- GET requests per epoch: the shards opened, one GET each (a shard's read is one streaming
+  GET, plus one per resume or retry); in a mix every slot (rank x worker) reads its own
+  stream of every source: per slot ``ceil(samples drawn from the source / samples per
+  shard) + ahead``, the shards started and ``ahead``, the shards opened ahead of each stream
+  when the epoch stops (read-ahead opens one while pre-reading does not pay, more on links
+  slower than their reader; 0 with ``WDS_READAHEAD=0`` and for local files). The samples
+  drawn are epoch 0's very draws (the mixing generator run without I/O, as ``--simulate``)
+  for up to :data:`EXACT_DRAWS` samples per epoch; beyond, their expectation, with the shard
+  under way half read on average: ``slots * (samples per slot / samples per shard + 1/2 +
+  ahead)``;
 - bytes read per epoch: GET requests * the mean shard size (whole shards: an upper bound).
 """
 
@@ -25,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..settings import human_size
-from ..urls import redact
+from ..urls import redact, split_scheme
 from .common import plural
 
 if TYPE_CHECKING:
@@ -35,6 +43,8 @@ __all__ = ["Found", "Shape", "rows_of", "schedule_lines", "schedule_positions",
            "schedule_rows", "simulate", "simulation_lines", "table_lines", "warnings_of"]
 
 TINY = 0.01  # an expected share under this is worth a warning
+#: epochs of up to this many samples have their GETs counted from epoch 0's draws
+EXACT_DRAWS = 4_000_000
 
 
 @dataclass
@@ -64,6 +74,8 @@ class Shape:
     workers: int = 1
     batch_size: int | None = None
     epoch_batches: int | None = None
+    #: shards each stream of a remote source opens ahead of the one it reads (a GET each)
+    ahead: int = 1
 
     @property
     def slots(self) -> int:
@@ -76,6 +88,25 @@ class Shape:
         if self.batch_size is None or self.epoch_batches is None:
             return None
         return self.world_size * self.epoch_batches * self.batch_size
+
+
+def _drawn(spec: DatasetSpec, shape: Shape, seed: int) -> list[Counter[int]] | None:
+    """Per slot, the samples of each source (by index) that epoch 0 of a mix draws, when
+    the epoch's length is known and at most :data:`EXACT_DRAWS`."""
+    total = shape.samples
+    if total is None or total > EXACT_DRAWS:
+        return None
+    from ..spec.build import source_draws
+
+    slots = shape.slots
+    return [Counter(source_draws(spec, seed=seed, epoch=0, slot=slot,
+                                 n=total // slots + (slot < total % slots)))
+            for slot in range(slots)]
+
+
+def _remote(pattern: str) -> bool:
+    """Whether shards of ``pattern`` are read from a store (opened ahead: a GET each)."""
+    return split_scheme(pattern)[0] not in ("", "file", "pipe")
 
 
 def _shards(source: SourceSpec, found: Found) -> int | None:
@@ -143,6 +174,7 @@ def rows_of(spec: DatasetSpec, found: Sequence[Found], shape: Shape,
     totals = [_samples(got, _bytes(got), _shards(source, got))
               for source, got in zip(spec.sources, found, strict=True)]
     counts = _epoch_counts(spec, totals, seed)
+    drawn = _drawn(spec, shape, seed) if mixed else None
     rows = []
     for i, (source, got) in enumerate(zip(spec.sources, found, strict=True)):
         shards = _shards(source, got)
@@ -188,7 +220,13 @@ def rows_of(spec: DatasetSpec, found: Sequence[Found], shape: Shape,
             gets = None
             if expected is not None and per_shard:
                 per_slot = expected / shape.slots
-                gets = shape.slots * math.ceil(per_slot / per_shard) if expected > 0 else 0
+                ahead = shape.ahead if _remote(source.pattern) else 0
+                if drawn is not None:
+                    gets = sum(math.ceil(slot[i] / per_shard) + ahead
+                               for slot in drawn if slot[i])
+                else:
+                    gets = (math.floor(shape.slots * (per_slot / per_shard + 0.5 + ahead) + 0.5)
+                            if expected > 0 else 0)
         row["expected_samples"] = expected
         row["passes"] = expected / samples if expected is not None and samples else None
         row["gets"] = gets

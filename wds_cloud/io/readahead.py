@@ -11,12 +11,18 @@ source of ``{"url": ...}`` items (or URL strings)::
 Contract:
 
 - ``sources(src)`` yields the items of ``src`` unchanged and in order. When it yields item *k*,
-  items *k+1 … k+depth* have been pulled from ``src`` and are being opened by at most ``depth``
+  items *k+1 … k+n* have been pulled from ``src`` and are being opened by at most ``depth``
   daemon threads named ``wds-readahead`` (a thread with nothing to open waits a few seconds for
-  the next shard before it ends); item *k+depth+1* is not pulled before the consumer asks for
-  item *k+1*. Items without a URL pass through without being opened. An item marked
-  ``{"url": ..., "readahead": False}`` comes from a queue that recycles a shard when the next
-  one is asked for (``DirectoryShardList``): from it on nothing is pulled ahead.
+  the next shard before it ends); item *k+n+1* is not pulled before the consumer asks for
+  item *k+1*. ``n`` is ``depth`` while pre-reading pays (below), else ``min(depth, lead)``
+  (default 1): opening a shard ahead costs a request (S3 and GCS bill each GET) that is wasted
+  if the run stops before it, and while the connections keep up with their consumer one shard
+  opened ahead hides the next one's first-byte latency; more only pay where shards come faster
+  on many connections at once. So a run stopped early wastes at most ``lead`` GETs per
+  ReadAhead while its connections keep up. Items without a URL pass through without being
+  opened. An item marked ``{"url": ..., "readahead": False}`` comes from a queue that recycles
+  a shard when the next one is asked for (``DirectoryShardList``): from it on nothing is
+  pulled ahead.
 - ``worth(url)``, when given, says which URLs are worth opening ahead (those whose first byte
   is a round trip away); the others are opened by ``open`` when their turn comes, as with
   ``depth=0``, and hold neither a thread nor memory before.
@@ -39,8 +45,10 @@ Contract:
   exception; an error met while pre-reading is raised by ``read`` once the bytes read before it
   were served. Any other URL (or any keyword option, or ``depth=0``) is opened directly.
 - A shard opened ahead and never asked for (the consumer skipped it, stopped, or failed) is
-  closed. ``close()`` (also ``__exit__`` and closing the ``sources`` generator) stops pulling
-  from ``src``, closes every prepared stream (a stream in the middle of a read is closed from
+  closed, by its stream's ``close_unread()`` if it has one (a cache entry's download then
+  stops, unless it is complete or others read along), else ``close()``. ``close()`` (also
+  ``__exit__`` and closing the ``sources`` generator) stops pulling from ``src``, closes
+  every prepared stream (a stream in the middle of a read is closed from
   another thread, so a stalled read cannot hold ``close`` up), and joins the threads for at most
   about a second; the threads are daemons, so none can hold up interpreter exit.
 
@@ -134,8 +142,12 @@ def _url_of(item: Any) -> str | None:
 
 
 def _close_quietly(stream: Any) -> None:
+    """Close a stream opened ahead that its consumer never got: with its ``close_unread()``
+    where it has one (a cache fill it feeds stops there, rather than finish the download for
+    nobody), else ``close()``."""
     try:
-        stream.close()
+        close = getattr(stream, "close_unread", None)
+        (close if callable(close) else stream.close)()
     except Exception as exc:  # closing a shard nobody reads: nothing to report but a log line
         log.debug("read-ahead: closing an unused stream failed: %r", exc)
 
@@ -145,13 +157,14 @@ class ReadAhead:
 
     def __init__(self, open_stream: Callable[..., BinaryIO], *, depth: int = 2,
                  max_bytes: int = 64 << 20, worth: Callable[[str], bool] | None = None,
-                 pace: Pace | None = None) -> None:
-        for name, value in (("depth", depth), ("max_bytes", max_bytes)):
+                 pace: Pace | None = None, lead: int = 1) -> None:
+        for name, value in (("depth", depth), ("max_bytes", max_bytes), ("lead", lead)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"read-ahead {name} must be an integer >= 0, got {value!r}")
         self._open_stream = open_stream
         self._worth = worth
         self.depth = depth
+        self.lead = lead  # shards opened ahead while pre-reading does not pay (at most depth)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # a slot queued, or closed
@@ -212,8 +225,9 @@ class ReadAhead:
             self.close()
 
     def _fill(self, it: Any) -> None:
-        """Pull from ``it`` until ``depth`` items wait behind the one to yield next."""
-        while len(self._pending) <= self.depth and not self._closed:
+        """Pull from ``it`` until ``depth`` items (``lead`` while pre-reading does not pay)
+        wait behind the one to yield next."""
+        while len(self._pending) <= self._ahead() and not self._closed:
             try:
                 item = next(it)
             except StopIteration:
@@ -228,6 +242,10 @@ class ReadAhead:
             slot = None if url is None else self._schedule(url)
             with self._lock:
                 self._pending.append((item, slot))
+
+    def _ahead(self) -> int:
+        """How many items to pull ahead now (see the module doc)."""
+        return self.depth if self._pace.pays else min(self.depth, self.lead)
 
     def open(self, url: str, **options: Any) -> BinaryIO:
         """The stream prepared for the item just yielded if it has this URL, else a direct open.

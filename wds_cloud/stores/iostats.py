@@ -21,16 +21,18 @@ from collections.abc import Iterator, MutableSequence, Sequence
 from dataclasses import asdict, dataclass, fields
 
 __all__ = ["IO_FIELDS", "SOURCE_FIELDS", "IOStats", "count_io", "count_samples",
-           "current_source", "io_stats", "reading_for", "report_io_to", "reset_io_stats",
-           "source_stats"]
+           "count_source", "current_source", "io_stats", "reading_for", "report_io_to",
+           "reset_io_stats", "source_stats", "with_gets_per_shard"]
 
 
 @dataclass
 class IOStats:
     """Counters of this process's remote transfers (a snapshot from :func:`io_stats`):
-    ``requests`` made (reads and uploads), ``retries`` after a transient failure, ``resumes``
-    of a read where it stopped, ``bytes_read``, ``failures`` (transfers given up) and
-    ``uploads`` committed."""
+    ``requests`` made (reads, uploads, listings and lookups), ``retries`` after a transient
+    failure, ``resumes`` of a read where it stopped, ``bytes_read``, ``failures`` (transfers
+    given up), ``uploads`` committed, ``shards`` opened for reading at a store (a shard opened
+    ahead counts, read or not) and the ``gets`` their reads took (the first GET of each, its
+    retries and resumes)."""
 
     requests: int = 0
     retries: int = 0
@@ -40,6 +42,9 @@ class IOStats:
     uploads: int = 0
     #: shards served by the shard cache without a request to the store
     cache_hits: int = 0
+    #: remote shard reads started, and their GETs (the first, then one per resume or retry)
+    shards: int = 0
+    gets: int = 0
 
 
 #: the counters' names, in the order :func:`report_io_to` lays them out
@@ -62,13 +67,21 @@ _report: tuple[MutableSequence[int], int, dict[str, int]] | None = None
 
 def count_io(source: str | None = None, **increments: int) -> None:
     """Add ``increments`` to the counters of :func:`io_stats` (``bytes_read=n``, ...) and,
-    with ``source`` (a spec source's name), to that source's (:func:`source_stats`), where
-    ``samples`` and ``shards`` are counted too."""
+    with ``source`` (a spec source's name), to that source's (:func:`source_stats`)."""
+    _count(source, increments, process=True)
+
+
+def count_source(source: str, **increments: int) -> None:
+    """Add ``increments`` to the counters of ``source`` alone (``samples``, ``shards`` opened
+    from any store or the cache: :data:`SOURCE_FIELDS`), not to :func:`io_stats`'s."""
+    _count(source, increments, process=False)
+
+
+def _count(source: str | None, increments: dict[str, int], *, process: bool) -> None:
     with _stats_lock:
-        for name, n in increments.items():
-            if name in _SOURCE_INDEX and name not in _IO_INDEX:
-                continue
-            setattr(_stats, name, getattr(_stats, name) + n)
+        if process:
+            for name, n in increments.items():
+                setattr(_stats, name, getattr(_stats, name) + n)
         if source is not None:
             mine = _by_source.get(source)
             if mine is None:
@@ -78,8 +91,8 @@ def count_io(source: str | None = None, **increments: int) -> None:
                     mine[_SOURCE_INDEX[name]] += n
         if _report is not None:
             slots, first, sources = _report
-            for name, n in increments.items():
-                if name in _IO_INDEX:
+            if process:
+                for name, n in increments.items():
                     slots[first + _IO_INDEX[name]] += n
             at = sources.get(source) if source is not None else None
             if at is not None:
@@ -88,12 +101,11 @@ def count_io(source: str | None = None, **increments: int) -> None:
                         slots[at + _SOURCE_INDEX[name]] += n
 
 
-
 def count_samples(names: Sequence[str], counts: Sequence[int]) -> None:
     """Count ``counts[i]`` samples given by the source ``names[i]``: a spec mix's ``count``."""
     for name, n in zip(names, counts, strict=True):
         if n:
-            count_io(name, samples=n)
+            count_source(name, samples=n)
 
 
 def current_source() -> str | None:
@@ -123,15 +135,24 @@ def source_stats() -> dict[str, dict[str, int]]:
                 for name, counts in _by_source.items()}
 
 
-def io_stats() -> dict[str, int]:
-    """Requests, retries, resumes, bytes read, failures, uploads and shard-cache hits of **this
-    process** so far.
+def io_stats() -> dict[str, float]:
+    """Requests, retries, resumes, bytes read, failures, uploads, shard-cache hits, remote shard
+    reads started (``shards``) and their GETs of **this process** so far (ints), and
+    ``gets_per_shard`` (``gets / shards``; 0.0 before any): a shard costs one GET, and one
+    more for each resume or retry of its read.
 
     Counters are per process: what DataLoader workers did is counted in the workers, not
     here. ``WebLoader(...).io_stats()`` sums what its workers did (see :func:`report_io_to`).
     """
     with _stats_lock:
-        return asdict(_stats)
+        return with_gets_per_shard(asdict(_stats))
+
+
+def with_gets_per_shard(counts: dict[str, int]) -> dict[str, float]:
+    """``counts`` (of :data:`IO_FIELDS`) with ``gets_per_shard`` added."""
+    out: dict[str, float] = dict(counts)
+    out["gets_per_shard"] = counts["gets"] / counts["shards"] if counts["shards"] else 0.0
+    return out
 
 
 def report_io_to(slots: MutableSequence[int] | None, first: int = 0,

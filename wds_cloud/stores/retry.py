@@ -311,7 +311,8 @@ class Retrier:
     def attempt(self, *, resume: bool = False) -> None:
         """Count a request about to be made (``resume``: one that continues a transfer)."""
         self.attempts += 1
-        count_io(self.source, requests=1, resumes=int(resume))
+        count_io(self.source, requests=1, resumes=int(resume),
+                 gets=int(self.doing == "read"))
 
     def succeeded(self) -> None:
         """The transfer moved forward: the failures in a row start again from zero."""

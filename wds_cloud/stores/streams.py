@@ -169,6 +169,7 @@ class ResumableStream(SequentialStream):
                 raise
             if first:
                 self._version, self._size = meta.version, meta.size
+                count_io(shards=1)
             elif meta.version is not None and meta.version != self._version:
                 body.close()
                 raise retrier.give_up(
