@@ -23,6 +23,17 @@ _OURS = ("WDS_", "GOPEN_", "AIS_ENDPOINT", "USE_AIS_FOR")
 _DIST = ("RANK", "WORLD_SIZE", "WORKER", "NUM_WORKERS", "LOCAL_RANK")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run first, the rest in their usual order.
+
+    Under pytest-xdist (``-n``, ``--dist loadgroup`` in pyproject: each test, or each
+    ``xdist_group``, is a unit handed to the next idle worker) each slow test then starts at
+    once on a worker of its own, instead of one of them starting last and the run waiting for it.
+    The order is the same in every worker, as xdist requires.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+
+
 @pytest.fixture(autouse=True)
 def _clean_wds_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests start without any wds_cloud or rank/worker variables from the caller's shell."""

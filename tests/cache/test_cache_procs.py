@@ -201,6 +201,7 @@ def test_four_processes_share_one_download_per_shard(
 # -- 3. SIGKILL at random points -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_never_leaves_a_corrupt_entry(
     nginx_server: NginxServer, fault_proxy: Callable[..., FaultProxy], spawn: Spawn,
     tmp_path: Path,

@@ -313,8 +313,13 @@ def test_sources_on_http(capsys: pytest.CaptureFixture[str], tmp_path: Path,
 
 
 def test_unreachable_store_prints_the_shares_then_exits_2(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path, s3_spec: tuple[str, Store]) -> None:
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, s3_spec: tuple[str, Store],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     path, _ = s3_spec
+    # a refused connection is retried as the policy says: one retry, 10 ms apart (the default
+    # policy's 8 retries with backoff up to 10 s waited ~30 s here and showed nothing more)
+    monkeypatch.setenv("WDS_RETRIES", "1")
+    monkeypatch.setenv("WDS_RETRY_BACKOFF", "0.01")
     spec = yaml.safe_load(Path(path).read_text())
     spec["storage_options"]["s3"]["endpoint_url"] = "http://127.0.0.1:9"  # nothing listens
     path = _write(tmp_path, spec, "unreachable.yaml")

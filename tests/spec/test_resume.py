@@ -50,6 +50,7 @@ def _run(spec: Path, loader: str, mode: str, tmp: Path, k: int = 0) -> dict[str,
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["webloader", "stateful"])
 def test_a_restored_run_goes_on_with_the_batches_of_the_uninterrupted_one(
         spec_file: Path, tmp_path: Path, loader: str) -> None:
@@ -100,6 +101,7 @@ def _stream(loader: Any, epochs: int, stop: int | None = None) -> tuple[list[Any
     return out, None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["shardshuffle", "resampled"])
 def test_plain_webdatasets_resume_exactly(store_factory: Callable[[str], Store],
                                           tmp_path: Path, kind: str) -> None:

@@ -99,6 +99,7 @@ def test_source_draws_golden_values() -> None:
 GOLDEN_DRAWS = [1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 0, 0]
 
 
+@pytest.mark.slow
 def test_each_iteration_is_a_new_epoch_in_dataloader_workers(spec: dict[str, Any]) -> None:
     for context, persistent in [("fork", False), ("fork", True), ("spawn", False)]:
         dataset = wds.WebDataset(spec, seed=5).with_epoch(50)

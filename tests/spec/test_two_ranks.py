@@ -45,6 +45,7 @@ def _torchrun(spec: Path, out: Path, seed: int, mode: str = "") -> list[dict[str
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.slow
 def test_two_ranks_equal_steps_shares_and_reproducible_streams(spec_file: Path,
                                                                tmp_path: Path) -> None:
     ranks = _torchrun(spec_file, tmp_path / "run1", seed=42)
