@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from shardgen import write_tar
+from stores import default_sigint
 
 NSHARDS, PER_SHARD = 4, 5
 KEYS = [f"s{s}-{i}" for s in range(NSHARDS) for i in range(PER_SHARD)]
@@ -174,7 +175,8 @@ def test_create_and_map_shards(data: Path, tmp_path: Path) -> None:
 def test_serve_s3(tmp_path: Path, block: bool) -> None:
     server = subprocess.Popen(
         [sys.executable, "-c", _script(CLI, block), "serve-s3", str(tmp_path), "--port", "0",
-         "--bucket", "shards"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--bucket", "shards"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_sigint)
     try:
         assert server.stdout is not None
         lines = []

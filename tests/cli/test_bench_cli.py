@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from shardgen import write_tar
+from stores import default_sigint
 
 from wds_cloud.cli import bench, main
 
@@ -231,7 +232,7 @@ def test_interrupted_before_the_first_sample_says_so_and_exits_130(
         proc = subprocess.Popen(
             [sys.executable, "-m", "wds_cloud.cli", "bench", url, "--workers", str(workers),
              "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=default_sigint)
         try:
             conn, _ = server.accept()  # the first GET is sent: the reading has started
             os.killpg(proc.pid, signal.SIGINT)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from shardgen import write_tar
+from stores import default_sigint
 
 import wds_cloud as wds
 from wds_cloud.cli.common import Inputs, plural, size_arg, storage_options
@@ -117,7 +118,8 @@ def test_serve_s3_prints_what_a_client_needs_and_serves(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     server = subprocess.Popen(
         [sys.executable, "-m", "wds_cloud.cli", "serve-s3", str(tmp_path / "buckets"),
-         "--port", "0", "--bucket", "shards"], stdout=subprocess.PIPE, text=True, env=env)
+         "--port", "0", "--bucket", "shards"], stdout=subprocess.PIPE, text=True, env=env,
+        preexec_fn=default_sigint)
     try:
         lines = []
         assert server.stdout is not None
@@ -161,7 +163,7 @@ def _split(line: str) -> list[str]:
 def test_serve_s3_json(tmp_path: Path) -> None:
     server = subprocess.Popen(
         [sys.executable, "-m", "wds_cloud.cli", "serve-s3", str(tmp_path), "--port", "0",
-         "--json"], stdout=subprocess.PIPE, text=True)
+         "--json"], stdout=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         assert server.stdout is not None
         text = ""

@@ -15,7 +15,7 @@ from .azure import AzureStore, AzuriteServer
 from .base import DENY_MARK, DENY_PATTERN, LocalStore, Store
 from .gcs import GcsServer, GcsStore
 from .nginx import AccessLogEntry, HttpStore, NginxServer
-from .procs import NO_METADATA_ENV, ServerStartError, isolate_env
+from .procs import NO_METADATA_ENV, ServerStartError, default_sigint, isolate_env
 from .proxy import FaultProxy, ProxiedRequest
 from .s3 import S3Server, S3Store
 
@@ -40,5 +40,6 @@ __all__ = [
     "S3Store",
     "ServerStartError",
     "Store",
+    "default_sigint",
     "isolate_env",
 ]

@@ -144,6 +144,13 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
+def default_sigint() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """A ``preexec_fn`` for a child that a test stops with SIGINT: Ctrl-C's default, even when
+    this process was started with SIGINT ignored (a background job of a non-interactive shell),
+    which the child would inherit and so never see its KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 _LIVE: set[ServerProcess] = set()
 _LIVE_LOCK = threading.Lock()
 
