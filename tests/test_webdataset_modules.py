@@ -364,7 +364,7 @@ def test_cache_defaults_follow_the_environment(monkeypatch: Any, tmp_path: Any) 
 
 def test_gopen_handlers_run_commands() -> None:
 
-    gopen_module = sys.modules["wds_cloud.gopen"]
+    gopen_module = importlib.import_module("wds_cloud.gopen")
 
     with gopen_module.gopen_pipe("pipe:echo hello") as stream:
         assert stream.read() == b"hello\n"
