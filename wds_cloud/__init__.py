@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "LRUCleanup": "cache",
     "pipe_cleaner": "cache",
     "io_stats": "stores",
+    "merge_state_dicts": "pipeline.slots",
     "reset_io_stats": "stores",
     "gopen_schemes": "router",
     "rewrite_url": "router",

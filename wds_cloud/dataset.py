@@ -262,14 +262,16 @@ class WebDataset(DataPipeline, FluidInterface):
             if isinstance(source, SpecMix):  # its sources may change between save and restore
                 from .spec.remix import remap_state
 
+                self.book.endless = True
+
                 self.book.adapt = functools.partial(remap_state, spec=self.spec,
                                                     urls=source.urls,
                                                     now=self.book.fingerprint)
-            else:
-                self.book.unsupported = (f"a spec that reads per-epoch {self.spec.mode} "
-                                         "(webdataset's shard lists, Mosaic's or Energon's "
-                                         "sample counts) does not resume yet; a weighted one "
-                                         "does")
+            elif self.spec.mode == "samples":
+                self.book.unsupported = ("a spec that counts samples per epoch (Mosaic's "
+                                         "proportion/repeat/choose, Energon's "
+                                         "blend_epochized) does not resume yet; a weighted "
+                                         "one and webdataset's shard lists do")
             self.append(source)
             if repeat:
                 self.repeat()
@@ -297,6 +299,7 @@ class WebDataset(DataPipeline, FluidInterface):
         shardshuffle = shardshuffle_size(shardshuffle, resampled)
         self.book = ResumeBook("shards", fingerprint(urls, resampled, shardshuffle, mode),
                                self.seed, seed_chosen=chosen)
+        self.book.endless = resampled
         if resampled and not chosen:
             self.book.unsupported = ("resampled without a seed draws fresh entropy (as "
                                      "webdataset); give seed= (or WDS_SEED) to resume")

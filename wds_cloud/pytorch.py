@@ -30,6 +30,7 @@ process):
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -48,6 +49,8 @@ from .pipeline.shards import (
     non_empty,
     shardspec,
 )
+from .pipeline.slots import slot_of
+from .pipeline.state import STATE_VERSION
 from .settings import Settings
 from .torch_datasets import TorchDataset, register_torch_datasets
 
@@ -72,6 +75,7 @@ __all__ = [
     "worker_info",
 ]
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -113,6 +117,8 @@ def worker_info(settings: Settings | None = None, *, group: object = None) -> Wo
     (or the :class:`~wds_cloud.multi.MultiLoader`) this process is a worker of.
     ``settings`` defaults to ``Settings.from_env()``.
     """
+    if shards.playing is not None:  # a saved worker's slot, played here (pipeline/slots.py)
+        return shards.playing
     s = Settings.from_env() if settings is None else settings
     if s.rank is not None and s.world_size is not None:
         rank, world_size = s.rank, s.world_size
@@ -263,6 +269,10 @@ class _EpochedLoader:
         self.last_worker = -1
         self.states: list[Any] = []
         self.resume: dict[str, Any] | None = None
+        #: per worker, the saved workers' slots it plays (a resume on another shape), by slot
+        self.played: dict[int, dict[int, Any]] = {}
+        self.played_left: dict[int, int] = {}  # and the items each has left of its quota
+        self.resume_played: dict[int, dict[int, Any]] | None = None
         #: ``(every, report)``: ``report()`` after every ``every`` batches (``stats_every``)
         self.reporting: tuple[int, Callable[[], None]] | None = None
 
@@ -273,6 +283,12 @@ class _EpochedLoader:
         resume, self.resume = self.resume, None
         workers = self.loader.num_workers
         self.states = list(resume["workers"]) if resume else [None] * max(workers, 1)
+        self.played, self.resume_played = self.resume_played or {}, None
+        self.played_left = {}
+        for worker, saved in enumerate(self.states):  # workers that went on playing slots
+            if saved and "slots" in saved:
+                self.played[worker] = {slot_of(s): s for s in saved["slots"]}
+                self.played_left[worker] = int(saved.get("left", -1))
         self.yielded = resume["yielded"] if resume else 0
         self.last_worker = resume["last_worker"] if resume else -1
         it = iter(self.loader)
@@ -324,28 +340,56 @@ class _EpochedLoader:
             return shipped
         worker = _worker_of(shipped)
         state = shipped.state
-        if "replay" in state:  # the last whole state, and the items since
-            whole = self.states[worker] or {}
-            state = {**whole, "replay": state["replay"], "left": state["left"]}
-        self.states[worker] = state
+        if "played" in state:  # saved workers' slots, played by this worker
+            played = self.played.setdefault(worker, {})
+            for slot, one in state["played"].items():
+                played[slot] = _went_on(played.get(slot), one)
+            self.played_left[worker] = int(state.get("left", -1))
+            self.last_worker = worker
+            return shipped.item
+        self.states[worker] = _went_on(self.states[worker], state)
         self.last_worker = worker
         return shipped.item
 
     def state_dict(self) -> dict[str, Any]:
         workers = self.loader.num_workers
         states = list(self.states)
+        for worker, played in self.played.items():
+            states[worker] = self._playing_state(worker, played)
         if not workers:
             dataset = self.loader.dataset
             states = [dataset.state_dict() if hasattr(dataset, "state_dict") else None]
+        here = worker_info()
         return {"version": 1, "kind": "WebLoader", "epoch": max(self.current, 0),
                 "yielded": self.yielded, "num_workers": workers,
                 "batch_size": self.loader.batch_size, "last_worker": self.last_worker,
-                "workers": states}
+                "rank": here.rank, "world_size": here.world_size, "workers": states}
+
+    def _playing_state(self, worker: int, played: dict[int, Any]) -> dict[str, Any]:
+        """The state of a worker that plays saved workers' slots (as its dataset's book would
+        give it, :meth:`~wds_cloud.pipeline.state.ResumeBook.state_dict`)."""
+        book = self.loader.dataset.book
+        here = worker_info()
+        return {"version": STATE_VERSION, "kind": book.kind, "fingerprint": book.fingerprint,
+                "seed": book.seed, "epoch": max(self.current, 0), "rank": here.rank,
+                "world_size": here.world_size, "worker": worker,
+                "num_workers": self.loader.num_workers,
+                "slots": [played[slot] for slot in sorted(played)],
+                "left": self.played_left.get(worker, -1)}
 
     def load_state_dict(self, state: dict[str, Any], *, on_mismatch: str) -> None:
-        if state.get("kind") != "WebLoader":
+        if state.get("kind") not in ("WebLoader", "merged"):
             raise ResumeError(f"not a WebLoader's state (kind {state.get('kind')!r})",
                               field="kind")
+        here, workers = worker_info(), self.loader.num_workers
+        shape = (state.get("world_size", here.world_size), state.get("num_workers"),
+                 state.get("batch_size"))
+        same = shape == (here.world_size, workers, self.loader.batch_size)
+        if state["kind"] == "merged" and same:
+            state = _rank_state(state, here.rank)
+        elif state["kind"] == "merged" or not same:
+            self._load_slots(state, here, on_mismatch)
+            return
         for name, now in (("num_workers", self.loader.num_workers),
                           ("batch_size", self.loader.batch_size)):
             if state.get(name) != now and on_mismatch != "reseed":
@@ -367,6 +411,42 @@ class _EpochedLoader:
         if workers and len(saved) == workers:
             self.resume = {"workers": saved, "yielded": int(state.get("yielded", 0)),
                            "last_worker": int(state.get("last_worker", -1))}
+
+
+    def _load_slots(self, state: dict[str, Any], here: WorkerInfo, on_mismatch: str) -> None:
+        """Resume on another shape (ranks, workers, batch size): each worker plays the slots
+        of the saved workers given to it (:mod:`wds_cloud.pipeline.slots`)."""
+        from .pipeline.slots import assign, merge_state_dicts
+
+        merged = state if state["kind"] == "merged" else merge_state_dicts([state])
+        dataset = self.loader.dataset
+        if getattr(dataset, "load_state_dict", None) is None:
+            raise ResumeError(f"the dataset {type(dataset).__name__} keeps no state",
+                              field="kind")
+        dataset.load_state_dict(merged, on_mismatch=on_mismatch)
+        self.epoch = int(merged["epoch"])
+        workers = self.loader.num_workers
+        self.resume_played = {
+            worker: {slot_of(s): s for s in assign(merged["slots"], WorkerInfo(
+                here.rank, here.world_size, worker, workers))}
+            for worker in range(workers)}
+        log.info("resuming a job of %s ranks x %s workers on %d x %d: %d saved workers' "
+                 "slots go on in this rank's workers", merged["world_size"],
+                 merged["num_workers"], here.world_size, workers,
+                 sum(len(p) for p in self.resume_played.values()) if workers
+                 else len(assign(merged["slots"], here)))
+
+
+def _rank_state(merged: dict[str, Any], rank: int) -> dict[str, Any]:
+    """A merged state loaded into a job of its own shape: this rank's loader state."""
+    workers = int(merged["num_workers"])
+    loader = merged.get("loaders", {}).get(str(rank), {})
+    slots = merged["slots"][rank * workers:(rank + 1) * workers]
+    return {"version": 1, "kind": "WebLoader", "epoch": merged["epoch"],
+            "yielded": loader.get("yielded", 0), "last_worker": loader.get("last_worker", -1),
+            "num_workers": workers, "batch_size": merged.get("batch_size"), "rank": rank,
+            "world_size": merged["world_size"],
+            "workers": [None if s.get("fresh") else s for s in slots]}
 
 
 def _reported(items: Iterator[Any], every: int, report: Callable[[], None]) -> Iterator[Any]:
@@ -392,10 +472,41 @@ class _Unship:
         from .pipeline.state import Shipped
 
         if isinstance(data, Shipped):
-            return _Packed(Shipped(self.collate(data.item), data.state))
+            return _Packed(Shipped(self.collate(data.item), _after([data.state])))
         if isinstance(data, list) and data and isinstance(data[-1], Shipped):
-            return _Packed(Shipped(self.collate([d.item for d in data]), data[-1].state))
+            return _Packed(Shipped(self.collate([d.item for d in data]),
+                                   _after([d.state for d in data])))
         return _Packed(self.collate(data))
+
+
+def _after(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """The state after the last of a batch's items, from the states sent with each (see
+    :meth:`~wds_cloud.pipeline.state.ResumeBook.counted`): the last whole state among them
+    with the count of items since (``replay``) of the last; for items of slots played
+    (:mod:`wds_cloud.pipeline.slots`), that of each slot, under ``played``."""
+    if "slot" not in states[-1]:
+        return _last_of(states)
+    by_slot: dict[int, list[dict[str, Any]]] = {}
+    for state in states:
+        by_slot.setdefault(int(state["slot"]), []).append(state["state"])
+    return {"worker": states[-1]["worker"], "left": states[-1].get("left", -1),
+            "played": {slot: _last_of(seq) for slot, seq in by_slot.items()}}
+
+
+def _last_of(states: list[dict[str, Any]]) -> dict[str, Any]:
+    last = states[-1]
+    if "replay" not in last:
+        return last
+    whole = next((s for s in reversed(states) if "replay" not in s), None)
+    return last if whole is None else {**whole, "replay": last["replay"], "left": last["left"]}
+
+
+def _went_on(before: dict[str, Any] | None, state: dict[str, Any]) -> dict[str, Any]:
+    """A worker's (or slot's) state after ``state`` came: a count of items since the last
+    whole state goes with that whole state."""
+    if "replay" in state and "fingerprint" not in state:
+        return {**(before or {}), "replay": state["replay"], "left": state["left"]}
+    return state
 
 
 #: CPU tensors up to this many bytes travel inside the pickle of their batch

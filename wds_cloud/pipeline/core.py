@@ -224,7 +224,10 @@ class Pipeline:
         book = self.book
         if book is not None:
             book.stages = describe_stages(self.pipeline)
-            book.begin(resolve_worker_info(self.worker_info))
+            info = resolve_worker_info(self.worker_info)
+            book.begin(info)
+            if book.slotted is not None:  # resumed on another shape: play saved workers
+                return self._played(book, info)
             self._begin(book)
         source = self.iterator1() if self.repetitions == 1 else self.iterator()
         count = self.nsamples if self.rank_epoch is None else self._worker_share()
@@ -233,11 +236,57 @@ class Pipeline:
         if count > 0:
             book.limit = count
             count -= book.yielded  # resumed: what is left of this epoch
+            if self.unbounded:  # a slot played to a quota of its player's (slots.play)
+                return book.counted(source)
             if count <= 0:  # resumed after its last item: the epoch is over
                 self._complete(book)
                 return iter(())
             source = itertools.islice(source, count)
         return book.counted(source)
+
+    def _played(self, book: Any, info: Any) -> Iterator[Any]:
+        from .slots import play
+
+        yield from play(self, book.slotted, info, self._slot_quota(book, info))
+        self._complete(book)
+
+    #: go on past this worker's share of the epoch (a slot of :mod:`.slots` in a quota)
+    unbounded = False
+
+    def _slot_quota(self, book: Any, info: Any) -> int:
+        """The items the worker ``info`` yields in the rest of an epoch resumed on another
+        shape, when the epoch has a length (``with_epoch``): what every saved worker had left
+        (``T``, the same in every new worker), shared as evenly as a per-rank epoch is, each
+        rank the same number of units (``ceil(T / multiple / ranks)``); -1 without a length
+        (each slot runs to its own end), and for streams that end (an exact epoch is read
+        once, not shared). A worker that was playing slots goes on with its own quota."""
+        from .slots import playing_info
+
+        if not book.endless or (self.rank_epoch is None and self.nsamples <= 0):
+            return -1
+        if book.slot_left is not None:
+            return int(book.slot_left)
+        total = 0
+        for saved in book.merged_slots or []:
+            share = self._share_of(playing_info(saved, None))
+            if not saved.get("fresh"):  # (a state sent between whole ones: + replay)
+                share -= int(saved.get("yielded", 0)) + int(saved.get("replay", 0))
+            total += share
+        multiple = self.rank_epoch[1] if self.rank_epoch is not None else 1
+        units = -(-max(total, 0) // multiple)
+        if book.merged_slots is book.slotted:  # its own slots, quota unknown: their rest
+            return units * multiple
+        per_rank = -(-units // info.world_size)
+        mine = per_rank // info.num_workers + (info.worker < per_rank % info.num_workers)
+        return mine * multiple
+
+    def _share_of(self, info: Any) -> int:
+        """The items of one epoch of the worker ``info`` (``with_epoch``)."""
+        if self.rank_epoch is None:
+            return self.nsamples
+        units, multiple = self.rank_epoch
+        share = units // info.num_workers + (info.worker < units % info.num_workers)
+        return share * multiple
 
     def _begin(self, book: Any) -> None:
         """A resumable iteration starts (``book`` holds what it resumes from): subclasses
@@ -274,12 +323,14 @@ class Pipeline:
     def _check_stages(self, state: dict[str, Any]) -> None:
         """Refuse a state whose stages changed in a way a restore cannot honour; log the
         changes it honours (see :mod:`wds_cloud.pipeline.stagecheck`)."""
+        from .slots import plain_states
+
         now = describe_stages(self.pipeline)
-        for one in state.get("workers", [state]):
+        for one in plain_states(state):
             if one and one.get("stages"):
                 notes = check_stages(one["stages"], now,
                                      buffered=bool(one.get("shuffle.buffer")),
-                                     replayed="workers" in state)
+                                     replayed="workers" in state or "slots" in state)
                 for note in notes:
                     log.info("resuming %s: %s", type(self).__name__, note)
                 return
@@ -291,10 +342,7 @@ class Pipeline:
         """This worker's items of a per-rank epoch: ``units`` split as evenly as can be over
         the rank's workers (the first ``units % workers`` take one more), times ``multiple``."""
         assert self.rank_epoch is not None
-        units, multiple = self.rank_epoch
-        info = resolve_worker_info(self.worker_info)
-        share = units // info.num_workers + (info.worker < units % info.num_workers)
-        return share * multiple if share else 0
+        return self._share_of(resolve_worker_info(self.worker_info))
 
     def __len__(self) -> int:
         if self.size is None:

@@ -105,9 +105,16 @@ class WorkerInfo:
 
 WorkerInfoSource = WorkerInfo | Callable[[], WorkerInfo] | None
 
+#: the saved worker a slot of a resumed run plays while it computes its next item
+#: (:mod:`wds_cloud.pipeline.slots`): every lookup of "where am I" answers it meanwhile
+playing: WorkerInfo | None = None
+
 
 def resolve_worker_info(source: WorkerInfoSource) -> WorkerInfo:
-    """Turn a ``worker_info`` argument into a value (``None``: from the environment only)."""
+    """Turn a ``worker_info`` argument into a value (``None``: from the environment only);
+    the slot being played, while one is (:data:`playing`)."""
+    if playing is not None:
+        return playing
     if source is None:
         return WorkerInfo.from_settings(Settings.from_env())
     if isinstance(source, WorkerInfo):

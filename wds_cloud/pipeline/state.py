@@ -207,6 +207,9 @@ class ResumeBook:
         #: sent along with every item (a WebLoader's workers): ``(item, state)``
         self.ship = False
         self.unsupported = ""  # why this dataset cannot resume, if it cannot
+        #: its streams never end (resampled): a resume on another shape may share the rest
+        #: of an epoch evenly over the new ranks (:mod:`~wds_cloud.pipeline.slots`)
+        self.endless = False
         #: the pipeline's stages (:func:`~wds_cloud.pipeline.stagecheck.describe_stages`)
         self.stages = ""
         #: ``adapt(state)``: a state of another fingerprint made to fit this dataset (a mix
@@ -224,11 +227,20 @@ class ResumeBook:
         #: the epoch keys of the iteration's shard stages (a shard list's, for its shuffle)
         self.key: list[int] = []
         self.histories: dict[int, Callable[[], dict[int, str]]] = {}
+        #: the saved workers' states this worker plays (a run resumed on another shape,
+        #: :mod:`~wds_cloud.pipeline.slots`), and their copies' books once they run
+        self.slotted: list[State] | None = None
+        self.slot_books: dict[int, ResumeBook] = {}
+        self.slot_started: set[int] = set()
+        #: every saved worker's state (for the quota of each), and this worker's quota left
+        self.merged_slots: list[State] | None = None
+        self.slot_left: int | None = None
 
     def __getstate__(self) -> State:
         state = dict(self.__dict__)
         for live in ("restoring", "parts", "yielded", "limit", "epoch", "info", "key",
-                     "histories"):
+                     "histories", "slotted", "slot_books", "slot_started", "merged_slots",
+                     "slot_left"):
             state.pop(live, None)
         return state
 
@@ -246,6 +258,17 @@ class ResumeBook:
         if pending is None:
             return
         state = pending
+        if pending.get("kind") == "merged":  # another shape: play the slots given to me
+            from .slots import assign
+
+            self.slotted = assign(pending["slots"], info)
+            self.merged_slots = [dict(one) for one in pending["slots"]]
+            self.restoring = {"epoch": pending.get("epoch", -1)}
+            self.epoch = int(pending.get("epoch", -1))
+            return
+        if pending.get("fresh"):  # a saved worker that had yielded nothing: a fresh epoch
+            self.restoring = {"epoch": pending.get("epoch", -1), "yielded": 0}
+            return
         if "workers" in pending:
             states = pending["workers"]
             if len(states) != info.num_workers:
@@ -256,6 +279,14 @@ class ResumeBook:
                 self.restoring = {"epoch": pending.get("epoch", -1), "yielded": 0}
                 return
         if not self._fits(state, info):
+            return
+        if "slots" in state:  # this worker was playing saved workers' slots: go on with them
+            self.slotted = [dict(one) for one in state["slots"]]
+            self.merged_slots = self.slotted
+            if int(state.get("left", -1)) >= 0:
+                self.slot_left = int(state["left"])
+            self.restoring = {"epoch": state.get("epoch", -1)}
+            self.epoch = int(state.get("epoch", -1))
             return
         self.restoring = state
         self.yielded = int(state.get("yielded", 0))
@@ -296,8 +327,10 @@ class ResumeBook:
             return state
 
         def one(worker: Any) -> Any:
-            if not worker or worker.get("fingerprint") == self.fingerprint:
+            if not worker or worker.get("fresh") or worker.get("fingerprint") == self.fingerprint:
                 return worker
+            if "slots" in worker:
+                return {**worker, "slots": [one(s) for s in worker["slots"]]}
             self._check_kind(worker)
             assert self.adapt is not None
             try:
@@ -309,6 +342,8 @@ class ResumeBook:
 
         if "workers" in state:
             return {**state, "workers": [one(w) for w in state["workers"]]}
+        if state.get("kind") == "merged":
+            return {**state, "slots": [one(s) for s in state["slots"]]}
         return one(state)
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -354,8 +389,11 @@ class ResumeBook:
     # -- the protocol ------------------------------------------------------------------------
 
     def state_dict(self) -> State:
-        """This process's position: a flat dict of ints and strings."""
+        """This process's position: a flat dict of ints and strings (with ``slots``, the
+        states of the saved workers it plays, after a resume on another shape)."""
         info = self.info
+        if self.slotted is not None:
+            return self._played_state()
         state: State = {
             "version": STATE_VERSION, "kind": self.kind, "fingerprint": self.fingerprint,
             "seed": self.seed, "epoch": self.epoch, "yielded": self.yielded,
@@ -371,6 +409,22 @@ class ResumeBook:
             state.update(fn())
         return state
 
+    def _played_state(self) -> State:
+        from .slots import slot_of
+
+        slots = []
+        for saved in self.slotted or []:
+            j = slot_of(saved)
+            book = self.slot_books.get(j)
+            slots.append(book.state_dict() if book is not None and j in self.slot_started
+                         else saved)
+        info = self.info
+        return {"version": STATE_VERSION, "kind": self.kind, "fingerprint": self.fingerprint,
+                "seed": self.seed, "epoch": self.epoch, "rank": info.rank,
+                "world_size": info.world_size, "worker": info.worker,
+                "num_workers": info.num_workers, "slots": slots,
+                "left": -1 if self.slot_left is None else self.slot_left}
+
     def load_state_dict(self, state: Mapping[str, Any], *, on_mismatch: str = "raise") -> None:
         """Resume from ``state`` at the next iteration (in this process, or in the workers it
         is pickled to). A state with ``workers`` holds one state per DataLoader worker."""
@@ -379,10 +433,13 @@ class ResumeBook:
         if not isinstance(state, Mapping):
             raise ResumeError(f"a state_dict is a dict, got {type(state).__name__}",
                               field="state")
+        from .slots import plain_states
+
         self.on_mismatch = on_mismatch
         state = self._adapted(state)
-        worker_states = state.get("workers", [state])
-        for one in worker_states:
+        for one in plain_states(state):
+            if one and one.get("fresh"):
+                continue
             if one and one.get("fingerprint") != self.fingerprint:  # a changed spec: say so now
                 self._check_kind(one)
                 self._mismatch("fingerprint", one.get("fingerprint"), self.fingerprint)

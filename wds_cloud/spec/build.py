@@ -153,6 +153,17 @@ class SpecSource:
         """Make the next iteration (in every DataLoader worker) epoch ``epoch``."""
         self.epochs.set(epoch)
 
+    def _epoch(self, worker: int) -> int:
+        """The epoch of the iteration starting now (the saved one when resuming)."""
+        book = self.book
+        saved = -1 if book is None else int(book.get("epoch", -1))
+        if saved >= 0:
+            self.epochs.resume(worker, saved)
+        epoch = self.epochs.next(worker)
+        if book is not None:
+            book.epoch = epoch
+        return epoch
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.spec.origin}, {len(self.spec.sources)} sources, "
                 f"seed={self.seed})")
@@ -181,17 +192,6 @@ class SpecMix(SpecSource):
     #: ``names[i]``) after each block of draws and at the end, counted from the block's
     #: draws, not per sample (per-source statistics; set by the composition root)
     count: Callable[[Sequence[str], list[int]], None] | None = None
-
-    def _epoch(self, worker: int) -> int:
-        """The epoch of the iteration starting now (the saved one when resuming)."""
-        book = self.book
-        saved = -1 if book is None else int(book.get("epoch", -1))
-        if saved >= 0:
-            self.epochs.resume(worker, saved)
-        epoch = self.epochs.next(worker)
-        if book is not None:
-            book.epoch = epoch
-        return epoch
 
     def __iter__(self) -> Iterator[Sample]:
         info = resolve_worker_info(self.worker_info)
@@ -372,19 +372,22 @@ class SpecEpochShards(SpecSource):
     """The samples of a counted spec's epoch: :func:`epoch_shards` dealt to the slots (slot
     ``s`` of ``S = world_size * num_workers`` reads items ``s, s + S, ...``), read with
     ``read(items, -1)``; samples carry ``__source__`` and keep only their source's
-    ``extensions``."""
+    ``extensions``. With a :attr:`book`, the slot's stream of shards is resumable as one
+    source (``src.0.*``), and so is a :class:`SpecShuffle` after it."""
 
     def __init__(self, spec: DatasetSpec, urls: Sequence[Sequence[str]], *, seed: int,
                  read: Reader, worker_info: WorkerInfoSource = None,
                  epochs: EpochCounter | None = None) -> None:
         super().__init__(spec, urls, seed=seed, worker_info=worker_info, epochs=epochs)
         self.read = read
+        self._cursor = ShardCursor()
+        self._owner: dict[str, int] = {}
 
     def __iter__(self) -> Iterator[Sample]:
         info = resolve_worker_info(self.worker_info)
         slots = info.world_size * info.num_workers
         slot = info.rank * info.num_workers + info.worker
-        epoch = self.epochs.next(info.worker)
+        epoch = self._epoch(info.worker)
         self.position = (epoch, slot)
         items = epoch_shards(self.spec, self.urls, seed=self.seed, epoch=epoch)
         if len(items) < slots:
@@ -392,19 +395,42 @@ class SpecEpochShards(SpecSource):
                         "some slots read nothing", self.spec.origin, epoch, len(items), slots,
                         info.world_size, info.num_workers)
         mine = items[slot::slots]
-        owner = {url: i for url, i in reversed(mine)}  # the first source naming a URL
+        owner = self._owner = {url: i for url, i in reversed(mine)}  # the first naming a URL
         check = ExtensionCheck(self.spec)
-        for sample in self.read(({"url": url} for url, _ in mine), -1):
-            i = owner.get(sample.get("__url__", ""), mine[0][1] if mine else 0)
-            source = self.spec.sources[i]
-            if check.active:
-                check.see(i, sample)
-            sample = keep_extensions(sample, source.extensions)
-            sample["__source__"] = source.name
-            if source.subflavors is not None:
-                sample["__subflavors__"] = source.subflavors
-            yield sample
+        cursor = self._cursor = ShardCursor()
+        shards: Iterator[dict[str, Any]] = ({"url": url} for url, _ in mine)
+        if self.book is not None:
+            shards = track_shards(self.book, 0, cursor, shards)
+        for sample in self.read(shards, -1, cursor):
+            yield self._labelled(owner.get(sample.get("__url__", ""), mine[0][1] if mine else 0),
+                                 sample, check)
         check.finish()
+
+    def _labelled(self, i: int, sample: Sample, check: ExtensionCheck | None = None) -> Sample:
+        source = self.spec.sources[i]
+        if check is not None and check.active:
+            check.see(i, sample)
+        sample = keep_extensions(sample, source.extensions)
+        sample["__source__"] = source.name
+        if source.subflavors is not None:
+            sample["__subflavors__"] = source.subflavors
+        return sample
+
+    def last_ref(self) -> Ref:
+        """The reference of the sample yielded last (for a resumable shuffle)."""
+        ordinal, offset = self._cursor.last()
+        return 0, self._cursor.started - 1, ordinal, offset
+
+    def refetch(self, refs: list[Ref]) -> list[Sample]:
+        """The samples of ``refs``, read again (restoring a shuffle buffer)."""
+        assert self.book is not None
+        owner = self._owner
+
+        def read(items: Iterable[dict[str, Any]], _: int, cursor: ShardCursor) -> Any:
+            return self.read(items, -1, cursor)
+
+        return [self._labelled(owner.get(sample.get("__url__", ""), 0), sample)
+                for sample in refetch(self.book, refs, read)]
 
 
 class SpecShardMix(SpecSource):
@@ -456,7 +482,7 @@ class SpecShuffle(PipelineStage):
         epoch, slot = self.source.position
         rng = KeyedRandom(self.source.seed, epoch, slot, SHUFFLE)
         book = self.source.book
-        if isinstance(self.source, SpecMix) and book is not None:
+        if book is not None and not book.unsupported:
             shuffle = ResumableShuffle(book, self.source, self.bufsize, self.initial)
             yield from shuffle.run(itertools.chain([first], it), rng)
             return
