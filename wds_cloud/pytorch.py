@@ -623,9 +623,15 @@ class WebLoader(DataPipeline, FluidInterface):
     :meth:`io_stats` is what its workers read and wrote remotely: each worker adds its counts
     to a slot of shared memory (through the DataLoader's ``worker_init_fn``, which still runs
     the one given).
+
+    ``slots=S``: the dataset is read as ``S`` canonical slots and batched in the main
+    process, so the global batches are the same on any shape (:mod:`wds_cloud.canonical`).
+    A state saved by any shape loads into any other (:func:`~wds_cloud.pipeline.slots.
+    merge_state_dicts` joins the ranks' states).
     """
 
-    def __init__(self, *args: Any, stats_every: int | None = None, **kw: Any) -> None:
+    def __init__(self, *args: Any, stats_every: int | None = None, slots: int | None = None,
+                 **kw: Any) -> None:
         try:
             from torch.utils.data import DataLoader  # the one place a dataset imports torch
         except ImportError as exc:
@@ -633,6 +639,14 @@ class WebLoader(DataPipeline, FluidInterface):
         register_torch_datasets()  # before DataLoader sees the dataset (built without torch?)
         from .stores.iostats import IO_FIELDS, SOURCE_FIELDS
 
+        if slots is not None:  # the workers send samples; batches are made here
+            if len(args) > 1:
+                raise ConfigError("WebLoader(dataset, slots=..., batch_size=...): give the "
+                                  "DataLoader's other arguments by keyword with slots")
+            batch_size, collate = kw.pop("batch_size", 1), kw.pop("collate_fn", None)
+            if collate is None:
+                from torch.utils.data import default_collate as collate
+            kw["batch_size"] = None
         loader = DataLoader(*args, **kw)
         spec = getattr(loader.dataset, "spec", None)
         self._sources = tuple(s.name for s in spec.sources) if spec is not None else ()
@@ -648,7 +662,13 @@ class WebLoader(DataPipeline, FluidInterface):
             self._io_counters = context.RawArray("q", loader.num_workers * width)
             loader.worker_init_fn = _ReportIO(self._io_counters, loader.worker_init_fn, ship,
                                               self._sources)
-        super().__init__(_EpochedLoader(loader))
+        epoched = _EpochedLoader(loader)
+        if slots is None:
+            super().__init__(epoched)
+        else:
+            from .canonical import CanonicalLoader
+
+            super().__init__(CanonicalLoader(epoched, slots, batch_size, collate))
         if stats_every is not None:
             if isinstance(stats_every, bool) or not isinstance(stats_every, int) \
                     or stats_every < 1:
@@ -692,8 +712,9 @@ class WebLoader(DataPipeline, FluidInterface):
 
     @property
     def _epoched(self) -> _EpochedLoader:
-        source: _EpochedLoader = self.pipeline[0]
-        return source
+        source = self.pipeline[0]
+        epoched: _EpochedLoader = getattr(source, "epoched", source)  # (slots=: canonical)
+        return epoched
 
     def set_epoch(self, epoch: int) -> None:
         """Number the next pass over the DataLoader ``epoch`` (e.g. when resuming)."""
@@ -708,14 +729,15 @@ class WebLoader(DataPipeline, FluidInterface):
             raise ResumeError("a WebLoader with stages of its own (e.g. .unbatched()."
                               "shuffle(...)) keeps them out of its state; resume the loader "
                               "without them", field="stages")
-        return self._epoched.state_dict()
+        state: dict[str, Any] = self.pipeline[0].state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, on_mismatch: str = "raise") -> None:
         """Make the next pass continue where ``state`` stood: the batches after it equal
         those of the uninterrupted run (same dataset, seed, world size, workers, batch size
         and unchanged objects), or :class:`~wds_cloud.errors.ResumeError` names what
         differs."""
-        self._epoched.load_state_dict(dict(state), on_mismatch=on_mismatch)
+        self.pipeline[0].load_state_dict(dict(state), on_mismatch=on_mismatch)
 
 
 #: webdataset's ``webdataset.pytorch`` names: torch's classes, or empty stand-ins without torch

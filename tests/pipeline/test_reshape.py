@@ -181,3 +181,76 @@ def test_every_rank_takes_the_same_steps_in_the_rest_of_a_resampled_epoch(
         again.load_state_dict(pickle.loads(merged))
         steps.append(sum(1 for _ in again))
     assert steps == [7, 7, 7]
+
+
+# -- canonical slots: global batches that do not depend on the shape ----------------------
+
+SLOTS, GLOBAL_BATCH = 4, 8
+
+
+@pytest.fixture
+def even(tmp_path: Path) -> str:
+    """8 shards of 40: 80 samples a slot, so every rank takes the same steps."""
+    for s in range(8):
+        write_tar(tmp_path / f"e-{s}.tar", [(f"e{s}-{i:03d}", {"txt": b"x"})
+                                            for i in range(PER_SHARD)])
+    return f"{tmp_path}/e-{{0..7}}.tar"
+
+
+def _canonical(urls: str, world: int, workers: int) -> wds.WebLoader:
+    dataset = wds.WebDataset(urls, shardshuffle=100, seed=3).shuffle(20).map(_key)
+    return wds.WebLoader(dataset, batch_size=GLOBAL_BATCH // world, num_workers=workers,
+                         slots=SLOTS, collate_fn=list)
+
+
+def _global_batches(urls: str, monkeypatch: pytest.MonkeyPatch, world: int, workers: int,
+                    steps: int | None = None, state: bytes | None = None
+                    ) -> tuple[list[list[str]], bytes]:
+    """The job's global batches (the ranks' batches in rank order), and its merged state."""
+    per_rank, states = [], []
+    for rank in range(world):
+        _ranks(monkeypatch, rank, world)
+        loader = _canonical(urls, world, workers)
+        if state is not None:
+            loader.load_state_dict(pickle.loads(state))
+        it = iter(loader)
+        per_rank.append(list(itertools.islice(it, steps)))
+        states.append(loader.state_dict())
+        del it
+    assert len({len(batches) for batches in per_rank}) == 1  # equal steps
+    batches = [[key for rank in per_rank for key in rank[t]] for t in range(len(per_rank[0]))]
+    return batches, pickle.dumps(wds.merge_state_dicts(states))
+
+
+def test_canonical_slots_give_the_same_global_batches_on_every_shape(
+        even: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    urls = even
+    reference, _ = _global_batches(urls, monkeypatch, 2, 2)
+    assert sorted(k for batch in reference for k in batch) == sorted(
+        f"e{s}-{i:03d}" for s in range(8) for i in range(PER_SHARD))
+    assert [len(batch) for batch in reference] == [GLOBAL_BATCH] * 40
+    for world, workers in ((1, 4), (4, 1), (1, 0), (2, 1)):
+        assert _global_batches(urls, monkeypatch, world, workers)[0] == reference, (world,
+                                                                                   workers)
+    # killed after 7 global batches on 2 x 2, on 1 x 3 for 5, then on 4 x 1 to the end
+    head, state = _global_batches(urls, monkeypatch, 2, 2, 7)
+    middle, state = _global_batches(urls, monkeypatch, 1, 3, 5, state)
+    tail, _ = _global_batches(urls, monkeypatch, 4, 1, None, state)
+    assert head + middle + tail == reference
+
+
+def test_canonical_slots_name_what_does_not_divide(urls: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    _ranks(monkeypatch, 0, 3)
+    with pytest.raises(wds.ConfigError, match="ranks must divide the slots"):
+        _canonical(urls, 3, 1)
+    _ranks(monkeypatch, 0, 2)
+    dataset = wds.WebDataset(urls, shardshuffle=100, seed=3)
+    with pytest.raises(wds.ConfigError, match="multiple of 2"):
+        wds.WebLoader(dataset, batch_size=3, num_workers=1, slots=4)
+    _, plain = _run(urls, monkeypatch, 1, 2, 4, 3, None)  # a job without slots
+    _ranks(monkeypatch, 0, 1)
+    with pytest.raises(ResumeError, match=r"1 ranks x 2 workers \(or slots\), not of "
+                       r"WebLoader\(slots=4\)") as other:
+        _canonical(urls, 1, 2).load_state_dict(pickle.loads(plain))
+    assert other.value.field == "slots"

@@ -140,11 +140,9 @@ def test_states_that_do_not_fit_name_the_field(spec_file: Path, store_factory: C
     _stream(loader, 1, stop=3)
     state = loader.state_dict()
 
-    with pytest.raises(wds.ResumeError, match="num_workers") as info:
-        make(workers=1).load_state_dict(state)
-    assert info.value.field == "num_workers"
-    with pytest.raises(wds.ResumeError, match="batch_size"):
-        make(batch_size=4).load_state_dict(state)
+    fewer = make(workers=1)  # another shape is honoured (tests/pipeline/test_reshape.py):
+    fewer.load_state_dict(state)  # the rest of the rank's 10 batches, in one worker
+    assert len(_stream(fewer, 1)[0]) == 10 - 3
     with pytest.raises(wds.ResumeError, match="seed") as info:
         make(seed=8).load_state_dict(state)
     assert info.value.field == "seed"

@@ -262,7 +262,8 @@ class Pipeline:
         once, not shared). A worker that was playing slots goes on with its own quota."""
         from .slots import playing_info
 
-        if not book.endless or (self.rank_epoch is None and self.nsamples <= 0):
+        if not book.endless or book.slot_canonical or (self.rank_epoch is None
+                                                       and self.nsamples <= 0):
             return -1
         if book.slot_left is not None:
             return int(book.slot_left)

@@ -34,8 +34,19 @@ from ..errors import ResumeError
 from . import shards
 from .shards import WorkerInfo
 
-__all__ = ["assign", "fresh_slot", "merge_state_dicts", "owner", "plain_states", "play",
-           "playing_info", "slot_of"]
+__all__ = [
+    "CanonicalBatches",
+    "assign",
+    "canonical_slots",
+    "check_canonical",
+    "fresh_slot",
+    "merge_state_dicts",
+    "owner",
+    "plain_states",
+    "play",
+    "playing_info",
+    "slot_of",
+]
 
 State = dict[str, Any]
 _END: Any = object()
@@ -205,3 +216,69 @@ def play(pipeline: Any, slots: list[State], info: WorkerInfo, quota: int = -1
                 item = Shipped(item.item, {"worker": info.worker, "slot": j,
                                            "state": item.state, "left": quota})
             yield item
+
+
+def canonical_slots(epoch: int, slots: int) -> State:
+    """The pending state of a fresh epoch played as ``slots`` canonical slots: slot ``j`` is
+    the worker ``j`` of ``slots`` of one rank, whatever the job's shape."""
+    return {"version": 1, "kind": "merged", "epoch": epoch, "world_size": 1,
+            "num_workers": slots, "canonical": 1,
+            "slots": [fresh_slot(epoch, 0, 1, j, slots) for j in range(slots)]}
+
+
+def check_canonical(slots: int, batch_size: int, world_size: int) -> int:
+    """The samples each slot gives to each batch (``slots`` canonical slots, per-rank
+    ``batch_size``, ``world_size`` ranks), or a ConfigError naming what does not divide."""
+    from ..errors import ConfigError
+
+    if slots % world_size:
+        raise ConfigError(f"WebLoader(slots={slots}) on {world_size} ranks: the ranks must "
+                          "divide the slots (each rank plays slots // ranks of them)")
+    per_rank = slots // world_size
+    if batch_size % per_rank:
+        raise ConfigError(f"WebLoader(slots={slots}, batch_size={batch_size}) on "
+                          f"{world_size} ranks: each rank's {per_rank} slots give equal parts "
+                          f"of its batch, so batch_size must be a multiple of {per_rank} "
+                          "(the global batch a multiple of the slots)")
+    return batch_size // per_rank
+
+
+class CanonicalBatches:
+    """The batches of one rank of a job reading ``slots`` canonical slots: batch ``t`` is,
+    for each of the rank's slots in order, that slot's next ``per`` samples, so that the
+    job's global batch ``t`` (the ranks' batches in rank order) is every slot's samples
+    ``[t * per, (t + 1) * per)`` in slot order, whatever the ranks and workers.
+
+    ``items`` yields ``(slot, sample, state)`` as the workers send them; ``take(slot,
+    state)`` is told the state after each sample that goes into a batch (so a state taken
+    between batches belongs to the batches yielded). At the end, each batch has what the
+    slots still had.
+    """
+
+    def __init__(self, rank_slots: list[int], per: int) -> None:
+        self.rank_slots = rank_slots
+        self.per = per
+
+    def batches(self, items: Iterator[tuple[int, Any, Any]],
+                take: Any) -> Iterator[list[Any]]:
+        from collections import deque
+
+        queues: dict[int, Any] = {j: deque() for j in self.rank_slots}
+        ended = False
+        while True:
+            batch: list[Any] = []
+            for j in self.rank_slots:
+                queue = queues[j]
+                while len(queue) < self.per and not ended:
+                    got = next(items, _END)
+                    if got is _END:
+                        ended = True
+                        break
+                    queues.setdefault(got[0], deque()).append(got[1:])
+                for _ in range(min(self.per, len(queue))):
+                    sample, state = queue.popleft()
+                    take(j, state)
+                    batch.append(sample)
+            if not batch:
+                return
+            yield batch

@@ -20,7 +20,9 @@ the shard's start) and refetches the buffered samples, one read per shard. With 
 spec, seed, world size, workers and batch size and unchanged objects, what follows the restore
 equals what the uninterrupted run yielded. A state that does not fit raises
 :class:`~wds_cloud.errors.ResumeError` naming the field; ``on_mismatch="reseed"`` goes on
-from the saved epoch and count with fresh streams instead, with a WARNING.
+from the saved epoch and count with fresh streams instead, with a WARNING. A state of another
+shape (ranks, workers: every rank's, joined by :func:`~wds_cloud.pipeline.slots.
+merge_state_dicts`) is played as slots (:mod:`~wds_cloud.pipeline.slots`).
 
 The :class:`ResumeBook` is per dataset and per process: pickled with the dataset into
 DataLoader workers (with a state loaded to restore), never with live positions.
@@ -235,12 +237,13 @@ class ResumeBook:
         #: every saved worker's state (for the quota of each), and this worker's quota left
         self.merged_slots: list[State] | None = None
         self.slot_left: int | None = None
+        self.slot_canonical = False  # canonical slots (WebLoader(slots=)): each to its end
 
     def __getstate__(self) -> State:
         state = dict(self.__dict__)
         for live in ("restoring", "parts", "yielded", "limit", "epoch", "info", "key",
                      "histories", "slotted", "slot_books", "slot_started", "merged_slots",
-                     "slot_left"):
+                     "slot_left", "slot_canonical"):
             state.pop(live, None)
         return state
 
@@ -263,6 +266,7 @@ class ResumeBook:
 
             self.slotted = assign(pending["slots"], info)
             self.merged_slots = [dict(one) for one in pending["slots"]]
+            self.slot_canonical = bool(pending.get("canonical"))
             self.restoring = {"epoch": pending.get("epoch", -1)}
             self.epoch = int(pending.get("epoch", -1))
             return
