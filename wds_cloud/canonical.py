@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 class CanonicalLoader:
     """The source of a ``WebLoader(slots=S)``: see the module docstring. ``epoched`` is the
-    loader's :class:`~wds_cloud.pytorch._EpochedLoader` (its DataLoader sends single samples)
+    loader's :class:`~wds_cloud.dataloader.EpochedLoader` (its DataLoader sends single samples)
     whose passes, epochs and states this one keeps for canonical slots."""
 
     def __init__(self, epoched: Any, slots: int, batch_size: int, collate: Any) -> None:
@@ -101,20 +101,20 @@ class CanonicalLoader:
 
     def _tagged(self, it: Iterator[Any], in_process: bool) -> Iterator[tuple[int, Any, Any]]:
         """``(slot, sample, state)`` of each sample the DataLoader yields."""
-        from .pytorch import _after
+        from .dataloader import after
 
         for shipped in it:
-            state = _after([shipped.state]) if in_process else shipped.state
+            state = after([shipped.state]) if in_process else shipped.state
             worker = int(state["worker"])
             for slot, one in state["played"].items():  # one sample: one slot
                 yield int(slot), shipped.item, (worker, one)
 
     def _take(self, slot: int, state: tuple[int, Any]) -> None:
-        from .pytorch import _went_on
+        from .dataloader import went_on
 
         worker, one = state
         played = self.epoched.played.setdefault(worker, {})
-        played[slot] = _went_on(played.get(slot), one)
+        played[slot] = went_on(played.get(slot), one)
 
     def state_dict(self) -> dict[str, Any]:
         """The slots' states as of the samples in the batches yielded (never those the

@@ -30,12 +30,11 @@ process):
 from __future__ import annotations
 
 import functools
-import logging
 import sys
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from .dataloader import EpochedLoader, ReportIO, Unship
 from .errors import ConfigError, MissingDependencyError, ResumeError
 from .pipeline import core as pipeline
 from .pipeline import shards
@@ -49,8 +48,6 @@ from .pipeline.shards import (
     non_empty,
     shardspec,
 )
-from .pipeline.slots import slot_of
-from .pipeline.state import STATE_VERSION
 from .settings import Settings
 from .torch_datasets import TorchDataset, register_torch_datasets
 
@@ -75,7 +72,6 @@ __all__ = [
     "worker_info",
 ]
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -256,361 +252,6 @@ def set_epoch(obj: object, epoch: int) -> None:
             set_epoch(stage, epoch)
 
 
-class _EpochedLoader:
-    """A DataLoader as a pipeline source: each pass first sets the dataset's epoch; items
-    sent with their worker's state (see :class:`~wds_cloud.pipeline.state.Shipped`) are
-    unpacked and the states kept, for :meth:`state_dict`."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self.epoch = 0
-        self.current = -1  # the pass under way
-        self.yielded = 0
-        self.last_worker = -1
-        self.states: list[Any] = []
-        self.resume: dict[str, Any] | None = None
-        #: per worker, the saved workers' slots it plays (a resume on another shape), by slot
-        self.played: dict[int, dict[int, Any]] = {}
-        self.played_left: dict[int, int] = {}  # and the items each has left of its quota
-        self.resume_played: dict[int, dict[int, Any]] | None = None
-        #: ``(every, report)``: ``report()`` after every ``every`` batches (``stats_every``)
-        self.reporting: tuple[int, Callable[[], None]] | None = None
-
-    def __iter__(self) -> Iterator[Any]:
-        dataset = self.loader.dataset
-        set_epoch(dataset, self.epoch)
-        self.current, self.epoch = self.epoch, self.epoch + 1
-        resume, self.resume = self.resume, None
-        workers = self.loader.num_workers
-        self.states = list(resume["workers"]) if resume else [None] * max(workers, 1)
-        self.played, self.resume_played = self.resume_played or {}, None
-        self.played_left = {}
-        for worker, saved in enumerate(self.states):  # workers that went on playing slots
-            if saved and "slots" in saved:
-                self.played[worker] = {slot_of(s): s for s in saved["slots"]}
-                self.played_left[worker] = int(saved.get("left", -1))
-        self.yielded = resume["yielded"] if resume else 0
-        self.last_worker = resume["last_worker"] if resume else -1
-        it = iter(self.loader)
-        book = getattr(dataset, "book", None)
-        if book is not None and workers:
-            book.pending = None  # handed to the workers now; later passes start afresh
-        out = self._counted(it) if not workers else self._unshipped(it, resume is not None)
-        return out if self.reporting is None else _reported(out, *self.reporting)
-
-    def _counted(self, it: Iterator[Any]) -> Iterator[Any]:
-        for item in it:
-            self.yielded += 1
-            yield item
-
-    def _unshipped(self, it: Iterator[Any], resumed: bool) -> Iterator[Any]:
-        """Items without their states; after a restore, in the order the uninterrupted run
-        had: round robin from the worker after the last one that yielded."""
-        if not resumed:
-            for shipped in it:
-                yield self._take(shipped)
-            return
-        workers = self.loader.num_workers
-        queues: list[deque[Any]] = [deque() for _ in range(workers)]
-        exhausted = {w for w, st in enumerate(self.states) if st and st.get("left") == 0}
-        turn = (self.last_worker + 1) % workers
-        for shipped in it:
-            queues[_worker_of(shipped)].append(shipped)
-            while len(exhausted) < workers:
-                if turn in exhausted:
-                    turn = (turn + 1) % workers
-                    continue
-                if not queues[turn]:
-                    break
-                item = queues[turn].popleft()
-                if item.state.get("left") == 0:
-                    exhausted.add(turn)
-                yield self._take(item)
-                turn = (turn + 1) % workers
-        while any(queues):  # the end: what is left, in turn
-            if queues[turn]:
-                yield self._take(queues[turn].popleft())
-            turn = (turn + 1) % workers
-
-    def _take(self, shipped: Any) -> Any:
-        from .pipeline.state import Shipped
-
-        self.yielded += 1
-        if not isinstance(shipped, Shipped):
-            return shipped
-        worker = _worker_of(shipped)
-        state = shipped.state
-        if "played" in state:  # saved workers' slots, played by this worker
-            played = self.played.setdefault(worker, {})
-            for slot, one in state["played"].items():
-                played[slot] = _went_on(played.get(slot), one)
-            self.played_left[worker] = int(state.get("left", -1))
-            self.last_worker = worker
-            return shipped.item
-        self.states[worker] = _went_on(self.states[worker], state)
-        self.last_worker = worker
-        return shipped.item
-
-    def state_dict(self) -> dict[str, Any]:
-        workers = self.loader.num_workers
-        states = list(self.states)
-        for worker, played in self.played.items():
-            states[worker] = self._playing_state(worker, played)
-        if not workers:
-            dataset = self.loader.dataset
-            states = [dataset.state_dict() if hasattr(dataset, "state_dict") else None]
-        here = worker_info()
-        return {"version": 1, "kind": "WebLoader", "epoch": max(self.current, 0),
-                "yielded": self.yielded, "num_workers": workers,
-                "batch_size": self.loader.batch_size, "last_worker": self.last_worker,
-                "rank": here.rank, "world_size": here.world_size, "workers": states}
-
-    def _playing_state(self, worker: int, played: dict[int, Any]) -> dict[str, Any]:
-        """The state of a worker that plays saved workers' slots (as its dataset's book would
-        give it, :meth:`~wds_cloud.pipeline.state.ResumeBook.state_dict`)."""
-        book = self.loader.dataset.book
-        here = worker_info()
-        return {"version": STATE_VERSION, "kind": book.kind, "fingerprint": book.fingerprint,
-                "seed": book.seed, "epoch": max(self.current, 0), "rank": here.rank,
-                "world_size": here.world_size, "worker": worker,
-                "num_workers": self.loader.num_workers,
-                "slots": [played[slot] for slot in sorted(played)],
-                "left": self.played_left.get(worker, -1)}
-
-    def load_state_dict(self, state: dict[str, Any], *, on_mismatch: str) -> None:
-        if state.get("kind") not in ("WebLoader", "merged"):
-            raise ResumeError(f"not a WebLoader's state (kind {state.get('kind')!r})",
-                              field="kind")
-        here, workers = worker_info(), self.loader.num_workers
-        shape = (state.get("world_size", here.world_size), state.get("num_workers"),
-                 state.get("batch_size"))
-        same = shape == (here.world_size, workers, self.loader.batch_size)
-        if state["kind"] == "merged" and same:
-            state = _rank_state(state, here.rank)
-        elif state["kind"] == "merged" or not same:
-            self._load_slots(state, here, on_mismatch)
-            return
-        for name, now in (("num_workers", self.loader.num_workers),
-                          ("batch_size", self.loader.batch_size)):
-            if state.get(name) != now and on_mismatch != "reseed":
-                raise ResumeError(f"cannot resume exactly: {name} differs (saved "
-                                  f"{state.get(name)!r}, now {now!r}); load it with "
-                                  "on_mismatch='reseed' to go on statistically", field=name)
-        dataset = self.loader.dataset
-        load = getattr(dataset, "load_state_dict", None)
-        if load is None:
-            raise ResumeError(f"the dataset {type(dataset).__name__} keeps no state",
-                              field="kind")
-        workers = self.loader.num_workers
-        saved = list(state.get("workers") or [])
-        if workers:
-            load({"workers": saved, "epoch": state["epoch"]}, on_mismatch=on_mismatch)
-        elif saved and saved[0]:
-            load(saved[0], on_mismatch=on_mismatch)
-        self.epoch = int(state["epoch"])
-        if workers and len(saved) == workers:
-            self.resume = {"workers": saved, "yielded": int(state.get("yielded", 0)),
-                           "last_worker": int(state.get("last_worker", -1))}
-
-
-    def _load_slots(self, state: dict[str, Any], here: WorkerInfo, on_mismatch: str) -> None:
-        """Resume on another shape (ranks, workers, batch size): each worker plays the slots
-        of the saved workers given to it (:mod:`wds_cloud.pipeline.slots`)."""
-        from .pipeline.slots import assign, merge_state_dicts
-
-        merged = state if state["kind"] == "merged" else merge_state_dicts([state])
-        dataset = self.loader.dataset
-        if getattr(dataset, "load_state_dict", None) is None:
-            raise ResumeError(f"the dataset {type(dataset).__name__} keeps no state",
-                              field="kind")
-        dataset.load_state_dict(merged, on_mismatch=on_mismatch)
-        self.epoch = int(merged["epoch"])
-        workers = self.loader.num_workers
-        self.resume_played = {
-            worker: {slot_of(s): s for s in assign(merged["slots"], WorkerInfo(
-                here.rank, here.world_size, worker, workers))}
-            for worker in range(workers)}
-        log.info("resuming a job of %s ranks x %s workers on %d x %d: %d saved workers' "
-                 "slots go on in this rank's workers", merged["world_size"],
-                 merged["num_workers"], here.world_size, workers,
-                 sum(len(p) for p in self.resume_played.values()) if workers
-                 else len(assign(merged["slots"], here)))
-
-
-def _rank_state(merged: dict[str, Any], rank: int) -> dict[str, Any]:
-    """A merged state loaded into a job of its own shape: this rank's loader state."""
-    workers = int(merged["num_workers"])
-    loader = merged.get("loaders", {}).get(str(rank), {})
-    slots = merged["slots"][rank * workers:(rank + 1) * workers]
-    return {"version": 1, "kind": "WebLoader", "epoch": merged["epoch"],
-            "yielded": loader.get("yielded", 0), "last_worker": loader.get("last_worker", -1),
-            "num_workers": workers, "batch_size": merged.get("batch_size"), "rank": rank,
-            "world_size": merged["world_size"],
-            "workers": [None if s.get("fresh") else s for s in slots]}
-
-
-def _reported(items: Iterator[Any], every: int, report: Callable[[], None]) -> Iterator[Any]:
-    for n, item in enumerate(items, 1):
-        yield item
-        if n % every == 0:
-            report()
-
-
-def _worker_of(shipped: Any) -> int:
-    return int(shipped.state.get("worker", 0))
-
-
-class _Unship:
-    """A WebLoader's ``collate_fn`` in its workers: collates the items (sent with their
-    worker's state: the batch goes with the state after its last item) and packs the result
-    for the trip to the main process (see :class:`_Packed`)."""
-
-    def __init__(self, collate: Callable[[Any], Any]) -> None:
-        self.collate = collate
-
-    def __call__(self, data: Any) -> Any:
-        from .pipeline.state import Shipped
-
-        if isinstance(data, Shipped):
-            return _Packed(Shipped(self.collate(data.item), _after([data.state])))
-        if isinstance(data, list) and data and isinstance(data[-1], Shipped):
-            return _Packed(Shipped(self.collate([d.item for d in data]),
-                                   _after([d.state for d in data])))
-        return _Packed(self.collate(data))
-
-
-def _after(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """The state after the last of a batch's items, from the states sent with each (see
-    :meth:`~wds_cloud.pipeline.state.ResumeBook.counted`): the last whole state among them
-    with the count of items since (``replay``) of the last; for items of slots played
-    (:mod:`wds_cloud.pipeline.slots`), that of each slot, under ``played``."""
-    if "slot" not in states[-1]:
-        return _last_of(states)
-    by_slot: dict[int, list[dict[str, Any]]] = {}
-    for state in states:
-        by_slot.setdefault(int(state["slot"]), []).append(state["state"])
-    return {"worker": states[-1]["worker"], "left": states[-1].get("left", -1),
-            "played": {slot: _last_of(seq) for slot, seq in by_slot.items()}}
-
-
-def _last_of(states: list[dict[str, Any]]) -> dict[str, Any]:
-    last = states[-1]
-    if "replay" not in last:
-        return last
-    whole = next((s for s in reversed(states) if "replay" not in s), None)
-    return last if whole is None else {**whole, "replay": last["replay"], "left": last["left"]}
-
-
-def _went_on(before: dict[str, Any] | None, state: dict[str, Any]) -> dict[str, Any]:
-    """A worker's (or slot's) state after ``state`` came: a count of items since the last
-    whole state goes with that whole state."""
-    if "replay" in state and "fingerprint" not in state:
-        return {**(before or {}), "replay": state["replay"], "left": state["left"]}
-    return state
-
-
-#: CPU tensors up to this many bytes travel inside the pickle of their batch
-INLINE_TENSOR_BYTES = 64 << 10
-
-
-class _Packed:
-    """What a WebLoader's worker puts on the DataLoader's queue: ``item``, pickled so that
-    small CPU tensors travel as their bytes. torch's own pickling of a tensor for another
-    process puts its storage in shared memory and sends a file descriptor through a socket
-    connection of its own (with an authentication challenge): about 2 ms per tensor here,
-    where a batch of 64 numbers took 17 µs as bytes. Larger tensors go torch's way (one copy
-    less). Unpickled in the main process, it is the item itself."""
-
-    __slots__ = ("item",)
-
-    def __init__(self, item: Any) -> None:
-        self.item = item
-
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        import io
-
-        buffer = io.BytesIO()
-        _pickler(buffer).dump(self.item)
-        return _unpacked, (buffer.getvalue(),)
-
-
-def _unpacked(data: bytes) -> Any:
-    import pickle
-
-    return pickle.loads(data)
-
-
-def _pickler(buffer: Any) -> Any:
-    """torch's pickler for another process, with small CPU tensors as their bytes."""
-    import copyreg
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch
-    import torch.multiprocessing  # registers torch's reducers with ForkingPickler
-
-    pickler = ForkingPickler(buffer, 5)
-    table = dict(copyreg.dispatch_table)
-    table.update(getattr(ForkingPickler, "_extra_reducers", {}))
-    torch_reduce = table.get(torch.Tensor)
-
-    def reduce(tensor: Any) -> Any:
-        nbytes = tensor.numel() * tensor.element_size()
-        if (type(tensor) is torch.Tensor and tensor.device.type == "cpu"
-                and tensor.layout == torch.strided and not tensor.requires_grad
-                and not tensor.is_quantized and nbytes <= INLINE_TENSOR_BYTES):
-            import ctypes
-
-            dense = tensor.contiguous()
-            return _small_tensor, (ctypes.string_at(dense.data_ptr(), nbytes), tensor.dtype,
-                                   tuple(tensor.shape))
-        if torch_reduce is not None:
-            return torch_reduce(tensor)
-        return tensor.__reduce_ex__(5)
-
-    table[torch.Tensor] = reduce
-    pickler.dispatch_table = table
-    return pickler
-
-
-def _small_tensor(data: bytes, dtype: Any, shape: tuple[int, ...]) -> Any:
-    import torch
-
-    if not data:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
-
-
-class _ReportIO:
-    """A WebLoader's ``worker_init_fn``: the worker also adds its remote I/O counts to its slots
-    of ``counters`` (shared memory the loader reads) and, with ``ship``, makes its copy of the
-    dataset send its resumable state along with each item (the dataset in the main process
-    keeps yielding plain items); then the user's ``init`` runs."""
-
-    def __init__(self, counters: Any, init: Callable[[int], Any] | None,
-                 ship: bool = False, sources: tuple[str, ...] = ()) -> None:
-        self.counters = counters
-        self.init = init
-        self.ship = ship
-        self.sources = sources  # a spec's sources: counted per source too
-
-    def __call__(self, worker_id: int) -> None:
-        from .stores.iostats import IO_FIELDS, SOURCE_FIELDS, report_io_to
-
-        width = len(IO_FIELDS) + len(self.sources) * len(SOURCE_FIELDS)
-        first = worker_id * width
-        if first + width <= len(self.counters):  # num_workers was raised since: uncounted
-            report_io_to(self.counters, first, self.sources)
-        if self.ship:
-            from torch.utils.data import get_worker_info
-
-            info = get_worker_info()
-            book = getattr(info.dataset, "book", None) if info is not None else None
-            if book is not None:
-                book.ship = True
-        if self.init is not None:
-            self.init(worker_id)
-
-
 class WebLoader(DataPipeline, FluidInterface):
     """``torch.utils.data.DataLoader(*args, **kw)`` with webdataset's fluid methods.
 
@@ -652,7 +293,7 @@ class WebLoader(DataPipeline, FluidInterface):
         self._sources = tuple(s.name for s in spec.sources) if spec is not None else ()
         ship = getattr(loader.dataset, "book", None) is not None and loader.num_workers > 0
         if loader.num_workers > 0:  # each worker packs its items, with its state if it ships
-            loader.collate_fn = _Unship(loader.collate_fn)
+            loader.collate_fn = Unship(loader.collate_fn)
         self._io_counters: Any = None
         if loader.num_workers > 0:
             import multiprocessing
@@ -660,9 +301,9 @@ class WebLoader(DataPipeline, FluidInterface):
             context = loader.multiprocessing_context or multiprocessing.get_context()
             width = len(IO_FIELDS) + len(self._sources) * len(SOURCE_FIELDS)
             self._io_counters = context.RawArray("q", loader.num_workers * width)
-            loader.worker_init_fn = _ReportIO(self._io_counters, loader.worker_init_fn, ship,
+            loader.worker_init_fn = ReportIO(self._io_counters, loader.worker_init_fn, ship,
                                               self._sources)
-        epoched = _EpochedLoader(loader)
+        epoched = EpochedLoader(loader)
         if slots is None:
             super().__init__(epoched)
         else:
@@ -711,9 +352,9 @@ class WebLoader(DataPipeline, FluidInterface):
         return self._epoched.loader
 
     @property
-    def _epoched(self) -> _EpochedLoader:
+    def _epoched(self) -> EpochedLoader:
         source = self.pipeline[0]
-        epoched: _EpochedLoader = getattr(source, "epoched", source)  # (slots=: canonical)
+        epoched: EpochedLoader = getattr(source, "epoched", source)  # (slots=: canonical)
         return epoched
 
     def set_epoch(self, epoch: int) -> None:
