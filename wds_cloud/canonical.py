@@ -91,10 +91,13 @@ class CanonicalLoader:
         rank_slots = [j for j in range(self.slots)
                       if owner(j, self.slots, here.world_size, workers)[0] == here.rank]
         batches = CanonicalBatches(rank_slots, self.per)
+        every, report = epoched.reporting or (0, None)
         try:
             for batch in batches.batches(self._tagged(it, in_process), self._take):
                 epoched.yielded += 1
                 yield self.collate(batch)
+                if report is not None and epoched.yielded % every == 0:
+                    report()  # (stats_every)
         finally:
             if in_process:
                 book.ship = False
