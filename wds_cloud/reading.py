@@ -61,6 +61,11 @@ class ShardOpener:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> ShardOpener:
+        # a deep copy of its dataset (a slot played, pipeline/slots.py) shares it, and with
+        # it this process's router: one client per store and one cache, not one per copy
+        return self
+
     def __call__(self, url: str, **kw: Any) -> BinaryIO:
         return self.router.open(url, "rb", **kw)
 
