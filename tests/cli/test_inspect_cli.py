@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -220,15 +219,12 @@ def test_spec_sources_are_compared_each_on_its_own(capsys: pytest.CaptureFixture
     assert found(doc, "split-sample")[0]["url"] == f"{tmp_path}/two/1.tar"
 
 
-def test_a_local_shard_of_thousands_of_members_is_fast(capsys: pytest.CaptureFixture[str],
-                                                       tmp_path: Path) -> None:
+def test_a_local_shard_of_thousands_of_members(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    # (how fast is a benchmark's business, never a timed assertion)
     path = write_tar(tmp_path / "big.tar", [(f"k{i:06d}", {"jpg": b"x" * 300, "txt": b"t",
                                                            "cls": b"1"}) for i in range(3000)])
-    main(["-q", "inspect", path])  # warm up (imports)
-    capsys.readouterr()
-    start = time.perf_counter()
     code, out, _ = inspect(capsys, path)
-    assert time.perf_counter() - start < 1.0
     assert code == 0 and "3,000 samples, 9,000 members" in out
 
 
