@@ -71,9 +71,9 @@ class ShardOpener:
         """Load the openers that ``urls`` need (the first URL of each scheme), and with them
         their libraries (s3fs, gcsfs, ...), in this process; nothing is opened. DataLoader
         workers forked from here then inherit the imports instead of each worker doing them
-        again (about 0.5 s of CPU a library, in every worker of every epoch). Best effort: a
-        URL that cannot be resolved, or a library that is missing, is left for the read to
-        report as it would have."""
+        again (about 0.5 s of CPU a library, in every worker of every epoch; spawned workers
+        import them anyway). Best effort: a URL that cannot be resolved, or a library that is
+        missing, is left for the read to report as it would have."""
         seen: set[str] = set()
         for url in urls:
             scheme = "-" if url == "-" else split_scheme(url)[0]
