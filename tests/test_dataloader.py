@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import webdataset
 from shardgen import write_tar
@@ -208,3 +209,35 @@ def test_batches_from_workers_equal_the_dataloaders_own(tmp_path: Path) -> None:
     assert len(ours) == len(theirs) == 10
     for a, b in zip(ours, theirs, strict=True):
         assert isinstance(a[0], torch.Tensor) and torch.equal(a[0], b[0])
+
+
+def test_a_dataset_loads_the_openers_of_its_shards_for_the_workers_it_forks(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Built in the process that forks the workers, a dataset has the opener of each scheme
+    of its shards imported (its library with it), so no worker imports it again; an opener
+    that cannot be loaded is reported by the read, as before, not by the constructor."""
+    import sys
+
+    from wds_cloud.io import unregister_opener
+
+    shard = tmp_path / "a.tar"
+    write_tar(shard, [("k0", {"txt": b"zero"})])
+    (tmp_path / "prep_opener.py").write_text(
+        "class Opener:\n"
+        "    def open(self, url, mode, **options):\n"
+        f"        return open({str(shard)!r}, 'rb')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "prep_opener", raising=False)
+    wds.register_opener("prep", "prep_opener:Opener")
+    wds.register_opener("prepmissing", "prep_no_such_module:Opener")
+    try:
+        dataset = wds.WebDataset("prep://bucket/a.tar", shardshuffle=False)
+        assert "prep_opener" in sys.modules
+        assert [s["txt"] for s in dataset] == [b"zero"]
+        missing = wds.WebDataset("prepmissing://bucket/a.tar", shardshuffle=False)
+        assert "prep_no_such_module" not in sys.modules
+        with pytest.raises(wds.OpenError, match="prep_no_such_module"):
+            next(iter(missing))
+    finally:
+        unregister_opener("prep")
+        unregister_opener("prepmissing")

@@ -278,6 +278,8 @@ class WebDataset(DataPipeline, FluidInterface):
             return
         opener = ShardOpener(settings, storage_options or {}, url_to_name)
         urls = expand_patterns(urls, settings.url_vars, opener.router)
+        if isinstance(urls, (str, list, tuple)):  # for the workers forked from here
+            opener.prepare([urls] if isinstance(urls, str) else urls)
         resampled = resampled or mode == "resampled"
         self.seed, chosen = resolve_seed(seed, settings)
         where = functools.partial(worker_info, settings)

@@ -229,6 +229,8 @@ def spec_source(
     openers = _openers(loaded, settings, storage_options or {}, url_to_name)
     listed = _listed(loaded, openers)
     urls = [found.urls for found in listed]
+    for opener, found in zip(openers, listed, strict=True):  # for the workers forked from here
+        opener.prepare(found.urls)
     owners = {url: i for i in reversed(range(len(urls))) for url in urls[i]}
     excluded = frozenset(x for found in listed for x in found.excluded)
     read = _SpecReader(openers, owners, handler, select_files, rename_files, excluded,
