@@ -254,3 +254,45 @@ def test_canonical_slots_name_what_does_not_divide(urls: str,
                        r"WebLoader\(slots=4\)") as other:
         _canonical(urls, 1, 2).load_state_dict(pickle.loads(plain))
     assert other.value.field == "slots"
+
+
+def test_a_changed_mix_resumes_on_another_shape_twice(tmp_path: Path, urls: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight halved and a shape changed in one resume, then the shape changed again before
+    every slot had yielded: each saved stream goes on, no ResumeError."""
+    def spec(weight: float) -> str:
+        path = tmp_path / f"mix-{weight}.yaml"
+        path.write_text(f"""\
+seed: 9
+datasets:
+  - name: one
+    shards: {tmp_path}/s-{{0..3}}.tar
+    weight: 1.0
+  - name: two
+    shards: {tmp_path}/s-{{4..6}}.tar
+    weight: {weight}
+""")
+        return str(path)
+
+    def loader(weight: float, workers: int) -> wds.WebLoader:
+        dataset = wds.WebDataset(spec(weight)).to_tuple("__key__", "__source__")
+        return wds.WebLoader(dataset.with_epoch(200), batch_size=5, num_workers=workers,
+                             collate_fn=list)
+
+    _ranks(monkeypatch, 0, 1)
+    first = loader(1.0, 2)
+    it = iter(first)
+    assert len(list(itertools.islice(it, 4))) == 4
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    del it
+    second = loader(0.5, 3)  # the weight of 'two' halved, on 3 workers
+    second.load_state_dict(state)
+    it = iter(second)
+    assert len(list(itertools.islice(it, 1))) == 1  # worker 1 has not yielded yet
+    state = pickle.loads(pickle.dumps(second.state_dict()))
+    del it
+    third = loader(0.5, 1)
+    third.load_state_dict(state)
+    rest = [source for batch in third for _, source in batch]
+    assert len(rest) == 2 * 200 - 4 * 5 - 5  # what the epoch had left
+    assert {"one", "two"} == set(rest)

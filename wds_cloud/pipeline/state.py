@@ -331,10 +331,10 @@ class ResumeBook:
             return state
 
         def one(worker: Any) -> Any:
+            if worker and "slots" in worker:  # (its slots may be of another fingerprint)
+                return {**worker, "slots": [one(s) for s in worker["slots"]]}
             if not worker or worker.get("fresh") or worker.get("fingerprint") == self.fingerprint:
                 return worker
-            if "slots" in worker:
-                return {**worker, "slots": [one(s) for s in worker["slots"]]}
             self._check_kind(worker)
             assert self.adapt is not None
             try:
