@@ -208,10 +208,11 @@ def test_sigkill_at_random_points_never_leaves_a_corrupt_entry(
 ) -> None:
     """24 trials: a child reads 4 shards (in a random order) through the cache from a slow
     server and is SIGKILLed at a random moment, from before its first byte to after everything
-    was published. After each kill every entry is byte-identical to its shard and ``verify``
-    finds nothing; half the entries are then evicted so the next child downloads again. A
-    child never reads a wrong byte (it checks each shard's SHA-256). Afterwards a normal run
-    yields every sample, and nothing of the dead processes is left after ``recover``."""
+    was published (and once while a download is seen under way). After each kill every entry
+    is byte-identical to its shard and ``verify`` finds nothing; half the entries are then
+    evicted so the next child downloads again. A child never reads a wrong byte (it checks
+    each shard's SHA-256). Afterwards a normal run yields every sample, and nothing of the
+    dead processes is left after ``recover``."""
     store = nginx_server.new_store()
     shards = Shards(store, tmp_path, 4, per_shard=4, size=100_000)
     proxy = fault_proxy(store, latency=0.05, stall=0.1)  # each download takes >= 0.15 s
@@ -232,7 +233,12 @@ def test_sigkill_at_random_points_never_leaves_a_corrupt_entry(
             child.expect("done")
             horizon = time.monotonic() - started
             published(cache, 4)
-        elif trial > 1:
+        elif trial == 2:  # killed while a download is surely under way (whatever the load)
+            deadline = time.monotonic() + 60
+            while not any(not n.endswith(".json") for n in cache_files(cache, "partial")):
+                assert time.monotonic() < deadline, "no download ever under way"
+                time.sleep(0.005)
+        elif trial > 2:
             time.sleep(rng.uniform(0.0, horizon))  # the kill point (trial 0: at once)
         child.kill()
         bad = [line for line in child.lines if line.startswith("BAD")]
