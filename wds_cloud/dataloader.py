@@ -16,7 +16,6 @@ from typing import Any
 from .errors import ResumeError
 from .pipeline.shards import WorkerInfo
 from .pipeline.slots import slot_of
-from .pipeline.state import STATE_VERSION
 
 __all__ = ["INLINE_TENSOR_BYTES", "EpochedLoader", "ReportIO", "Unship", "after", "went_on"]
 
@@ -148,14 +147,11 @@ class EpochedLoader:
     def _playing_state(self, worker: int, played: dict[int, Any]) -> dict[str, Any]:
         """The state of a worker that plays saved workers' slots (as its dataset's book would
         give it, :meth:`~wds_cloud.pipeline.state.ResumeBook.state_dict`)."""
-        book = self.loader.dataset.book
         here = _where()
-        return {"version": STATE_VERSION, "kind": book.kind, "fingerprint": book.fingerprint,
-                "seed": book.seed, "epoch": max(self.current, 0), "rank": here.rank,
-                "world_size": here.world_size, "worker": worker,
-                "num_workers": self.loader.num_workers,
-                "slots": [played[slot] for slot in sorted(played)],
-                "left": self.played_left.get(worker, -1)}
+        return dict(self.loader.dataset.book.playing_state(
+            here.rank, here.world_size, worker, self.loader.num_workers,
+            max(self.current, 0), [played[slot] for slot in sorted(played)],
+            self.played_left.get(worker, -1)))
 
     def load_state_dict(self, state: dict[str, Any], *, on_mismatch: str) -> None:
         if state.get("kind") not in ("WebLoader", "merged"):

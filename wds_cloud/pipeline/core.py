@@ -245,41 +245,13 @@ class Pipeline:
         return book.counted(source)
 
     def _played(self, book: Any, info: Any) -> Iterator[Any]:
-        from .slots import play
+        from .slots import play, quota
 
-        yield from play(self, book.slotted, info, self._slot_quota(book, info))
+        yield from play(self, book.slotted, info, quota(self, book, info))
         self._complete(book)
 
     #: go on past this worker's share of the epoch (a slot of :mod:`.slots` in a quota)
     unbounded = False
-
-    def _slot_quota(self, book: Any, info: Any) -> int:
-        """The items the worker ``info`` yields in the rest of an epoch resumed on another
-        shape, when the epoch has a length (``with_epoch``): what every saved worker had left
-        (``T``, the same in every new worker), shared as evenly as a per-rank epoch is, each
-        rank the same number of units (``ceil(T / multiple / ranks)``); -1 without a length
-        (each slot runs to its own end), and for streams that end (an exact epoch is read
-        once, not shared). A worker that was playing slots goes on with its own quota."""
-        from .slots import playing_info
-
-        if not book.endless or book.slot_canonical or (self.rank_epoch is None
-                                                       and self.nsamples <= 0):
-            return -1
-        if book.slot_left is not None:
-            return int(book.slot_left)
-        total = 0
-        for saved in book.merged_slots or []:
-            share = self._share_of(playing_info(saved, None))
-            if not saved.get("fresh"):  # (a state sent between whole ones: + replay)
-                share -= int(saved.get("yielded", 0)) + int(saved.get("replay", 0))
-            total += share
-        multiple = self.rank_epoch[1] if self.rank_epoch is not None else 1
-        units = -(-max(total, 0) // multiple)
-        if book.merged_slots is book.slotted:  # its own slots, quota unknown: their rest
-            return units * multiple
-        per_rank = -(-units // info.world_size)
-        mine = per_rank // info.num_workers + (info.worker < per_rank % info.num_workers)
-        return mine * multiple
 
     def _share_of(self, info: Any) -> int:
         """The items of one epoch of the worker ``info`` (``with_epoch``)."""

@@ -45,6 +45,7 @@ __all__ = [
     "plain_states",
     "play",
     "playing_info",
+    "quota",
     "slot_of",
 ]
 
@@ -159,6 +160,34 @@ def playing_info(state: Mapping[str, Any], seed: int | None) -> WorkerInfo:
     """The worker a slot's state was saved by (``seed``: the player's torch seed)."""
     return WorkerInfo(int(state["rank"]), int(state["world_size"]), int(state["worker"]),
                       int(state["num_workers"]), seed)
+
+
+def quota(pipeline: Any, book: Any, info: WorkerInfo) -> int:
+    """The items the worker ``info`` yields in the rest of an epoch resumed on another shape,
+    when the epoch has a length (``with_epoch``) and the streams never end: what every saved
+    worker had left (``T``, the same in every new worker), shared as evenly as a per-rank
+    epoch is, each rank the same number of units (``ceil(T / multiple / ranks)``). -1 without
+    a length, for streams that end (an exact epoch is read once, not shared) and for
+    canonical slots: each slot runs to its own end. A worker that was playing slots goes on
+    with its own quota."""
+    if not book.endless or book.slot_canonical or (pipeline.rank_epoch is None
+                                                   and pipeline.nsamples <= 0):
+        return -1
+    if book.slot_left is not None:
+        return int(book.slot_left)
+    total = 0
+    for saved in book.merged_slots or []:
+        share = pipeline._share_of(playing_info(saved, None))
+        if not saved.get("fresh"):  # (a state sent between whole ones: + replay)
+            share -= int(saved.get("yielded", 0)) + int(saved.get("replay", 0))
+        total += share
+    multiple = pipeline.rank_epoch[1] if pipeline.rank_epoch is not None else 1
+    units = -(-max(total, 0) // multiple)
+    if book.merged_slots is book.slotted:  # its own slots, quota unknown: their rest
+        return units * multiple
+    per_rank = -(-units // info.world_size)
+    mine = per_rank // info.num_workers + (info.worker < per_rank % info.num_workers)
+    return mine * multiple
 
 
 def play(pipeline: Any, slots: list[State], info: WorkerInfo, quota: int = -1

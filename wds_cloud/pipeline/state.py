@@ -423,11 +423,17 @@ class ResumeBook:
             slots.append(book.state_dict() if book is not None and j in self.slot_started
                          else saved)
         info = self.info
+        return self.playing_state(info.rank, info.world_size, info.worker, info.num_workers,
+                                  self.epoch, slots,
+                                  -1 if self.slot_left is None else self.slot_left)
+
+    def playing_state(self, rank: int, world_size: int, worker: int, num_workers: int,
+                      epoch: int, slots: list[State], left: int) -> State:
+        """The state of a worker of this dataset that plays ``slots`` (saved workers'
+        states), with ``left`` items of its quota (-1: none)."""
         return {"version": STATE_VERSION, "kind": self.kind, "fingerprint": self.fingerprint,
-                "seed": self.seed, "epoch": self.epoch, "rank": info.rank,
-                "world_size": info.world_size, "worker": info.worker,
-                "num_workers": info.num_workers, "slots": slots,
-                "left": -1 if self.slot_left is None else self.slot_left}
+                "seed": self.seed, "epoch": epoch, "rank": rank, "world_size": world_size,
+                "worker": worker, "num_workers": num_workers, "slots": slots, "left": left}
 
     def load_state_dict(self, state: Mapping[str, Any], *, on_mismatch: str = "raise") -> None:
         """Resume from ``state`` at the next iteration (in this process, or in the workers it
