@@ -118,7 +118,9 @@ def test_pre_reading_starts_when_the_link_slows(
     # on (and maybe off and on again: a shard whose bytes waited in the kernel's buffers
     # while the one before was read comes fast, even at 8 MB/s)
     assert stats.turns >= 1
-    assert stats.topped_up >= 1  # shards opened while it was off were queued to pre-read
+    # and shards were pre-read: those opened while it was off (topped up) or, when it turned
+    # on before the next ones were opened (which the load decides), those
+    assert stats.bytes_prefetched >= SHARE
 
 
 def test_a_prefetched_stream_tells_the_pace_of_its_raw_reads(tmp_path: Path) -> None:
