@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import pytest
@@ -18,6 +19,12 @@ _NO_METADATA = {
     "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
 }
 os.environ.update(_NO_METADATA)
+
+# pytest keeps the test modules it rewrites (assertions) in __pycache__ only where bytecode may
+# be written; with PYTHONDONTWRITEBYTECODE set (as on these machines) each xdist worker would
+# rewrite every test module again on every run (~5 s of CPU each). The variable stays set for
+# the processes the tests start.
+sys.dont_write_bytecode = False
 
 _OURS = ("WDS_", "GOPEN_", "AIS_ENDPOINT", "USE_AIS_FOR")
 _DIST = ("RANK", "WORLD_SIZE", "WORKER", "NUM_WORKERS", "LOCAL_RANK")
