@@ -39,12 +39,15 @@ def spec_file(store_factory: Callable[[str], Store], tmp_path: Path) -> Path:
                              seed=7, sizes=((6, 300), (4, 200), (3, 150)), members=_members)
 
 
-def _run(spec: Path, loader: str, mode: str, tmp: Path, k: int = 0) -> dict[str, Any]:
-    out, state = tmp / f"{loader}-{mode}-{k}.json", tmp / f"{loader}-{k}.state"
-    log = tmp / f"{loader}-{mode}-{k}.log"
+def _run(spec: Path, loader: str, mode: str, tmp: Path, stops: list[int] | None = None
+         ) -> dict[str, Any]:
+    """``resume_worker.py`` in a new process: the full run, or one run per stop point."""
+    ks = ",".join(map(str, stops or [0]))
+    out, state = tmp / f"{loader}-{mode}.json", tmp / f"{loader}.state"
+    log = tmp / f"{loader}-{mode}.log"
     with log.open("w") as stderr:  # a file, not a pipe: a killed job leaves no reader waiting
         done = subprocess.run([sys.executable, str(WORKER), str(spec), loader, mode, str(out),
-                               str(state), str(k)], stdout=stderr, stderr=stderr, timeout=300)
+                               str(state), ks], stdout=stderr, stderr=stderr, timeout=300)
     assert done.returncode == 0, log.read_text()[-3000:]
     result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -54,16 +57,19 @@ def _run(spec: Path, loader: str, mode: str, tmp: Path, k: int = 0) -> dict[str,
 @pytest.mark.parametrize("loader", ["webloader", "stateful"])
 def test_a_restored_run_goes_on_with_the_batches_of_the_uninterrupted_one(
         spec_file: Path, tmp_path: Path, loader: str) -> None:
-    full = _run(spec_file, loader, "full", tmp_path)["stream"]
+    full = _run(spec_file, loader, "full", tmp_path)["full"]["stream"]
     assert len(full) == 2 * BATCHES
     assert len({key for keys, _ in full for key in keys}) > 1000
-    # early, mid-shard in the buffer's growth, right at and right after an epoch's end
-    for k in ([3, 37, BATCHES, BATCHES + 1] if loader == "webloader" else [37, BATCHES + 1]):
-        stopped = _run(spec_file, loader, "stop", tmp_path, k)
-        assert stopped["stream"] == full[:k]
-        resumed = _run(spec_file, loader, "resume", tmp_path, k)
-        assert stopped["stream"] + resumed["stream"] == full, f"resumed after {k} batches"
-        print(f"{loader}: state after {k} batches: {stopped['state_bytes']} bytes")
+    # early, mid-shard in the buffer's growth, right at and right after an epoch's end; the
+    # states are saved in one process (killed after the last) and restored in another
+    ks = [3, 37, BATCHES, BATCHES + 1] if loader == "webloader" else [37, BATCHES + 1]
+    stopped = _run(spec_file, loader, "stop", tmp_path, ks)
+    resumed = _run(spec_file, loader, "resume", tmp_path, ks)
+    for k in ks:
+        assert stopped[str(k)]["stream"] == full[:k]
+        assert stopped[str(k)]["stream"] + resumed[str(k)]["stream"] == full, (
+            f"resumed after {k} batches")
+        print(f"{loader}: state after {k} batches: {stopped[str(k)]['state_bytes']} bytes")
 
 
 def test_the_state_is_small_and_holds_no_sample_bytes(spec_file: Path) -> None:
