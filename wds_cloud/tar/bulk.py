@@ -111,12 +111,18 @@ def _walk_dense(buf: Any, pos: int, members: list[Member], headers: list[int],
 
     nblocks = (window - pos) // BLOCK
     rows = np.frombuffer(buf, np.uint8, nblocks * BLOCK, pos).reshape(nblocks, BLOCK)
-    digits = rows[:, 124:135].astype(np.int64) - 48
-    sizes = digits @ (8 ** np.arange(10, -1, -1, dtype=np.int64))  # octal digit weights
-    plain = ((rows[:, 156] == 48) & (rows[:, 135] == 0) & (rows[:, 345] == 0)
-             & ((digits >= 0) & (digits <= 7)).all(axis=1))
-    nxt = np.arange(1, nblocks + 1) + ((sizes + 511) >> 9)
-    nxt[~plain | (nxt > nblocks)] = -1
+    # only blocks that look like plain headers by three bytes are parsed further (data blocks
+    # of small members are most of the buffer, and few of them pass)
+    cand = np.flatnonzero((rows[:, 156] == 48) & (rows[:, 135] == 0) & (rows[:, 345] == 0))
+    digits = rows[cand, 124:135].astype(np.int64) - 48
+    valid = ((digits >= 0) & (digits <= 7)).all(axis=1)
+    sizes = np.zeros(nblocks, np.int64)
+    sizes[cand] = digits @ (8 ** np.arange(10, -1, -1, dtype=np.int64))  # octal digit weights
+    plain = np.zeros(nblocks, bool)
+    plain[cand] = valid
+    nxt = np.full(nblocks, -1, np.int64)
+    ends = cand + 1 + ((sizes[cand] + 511) >> 9)
+    nxt[cand] = np.where(valid & (ends <= nblocks), ends, -1)
     chain, i = _plain_chain(np, nxt)
     found: list[int] = []
     overrides: dict[int, tuple[str | None, int | None]] = {}
