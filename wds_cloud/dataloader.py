@@ -148,10 +148,10 @@ class EpochedLoader:
         """The state of a worker that plays saved workers' slots (as its dataset's book would
         give it, :meth:`~wds_cloud.pipeline.state.ResumeBook.state_dict`)."""
         here = _where()
-        return dict(self.loader.dataset.book.playing_state(
+        return self.loader.dataset.book.playing_state(
             here.rank, here.world_size, worker, self.loader.num_workers,
             max(self.current, 0), [played[slot] for slot in sorted(played)],
-            self.played_left.get(worker, -1)))
+            self.played_left.get(worker, -1))
 
     def load_state_dict(self, state: dict[str, Any], *, on_mismatch: str) -> None:
         if state.get("kind") not in ("WebLoader", "merged"):

@@ -116,12 +116,13 @@ def _walk_dense(buf: Any, pos: int, members: list[Member], headers: list[int],
     cand = np.flatnonzero((rows[:, 156] == 48) & (rows[:, 135] == 0) & (rows[:, 345] == 0))
     digits = rows[cand, 124:135].astype(np.int64) - 48
     valid = ((digits >= 0) & (digits <= 7)).all(axis=1)
+    found_sizes = digits @ (8 ** np.arange(10, -1, -1, dtype=np.int64))  # octal digit weights
+    ends = cand + 1 + ((found_sizes + 511) >> 9)
     sizes = np.zeros(nblocks, np.int64)
-    sizes[cand] = digits @ (8 ** np.arange(10, -1, -1, dtype=np.int64))  # octal digit weights
+    sizes[cand] = found_sizes
     plain = np.zeros(nblocks, bool)
     plain[cand] = valid
     nxt = np.full(nblocks, -1, np.int64)
-    ends = cand + 1 + ((sizes[cand] + 511) >> 9)
     nxt[cand] = np.where(valid & (ends <= nblocks), ends, -1)
     chain, i = _plain_chain(np, nxt)
     found: list[int] = []
