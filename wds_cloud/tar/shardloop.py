@@ -51,7 +51,8 @@ class ShardCursor:
     is one, else from the start, skipping ``ordinal`` samples.
     """
 
-    __slots__ = ("_at", "_prev", "done", "marks", "ordinal", "started", "url", "version")
+    __slots__ = ("_at", "_base", "_prev", "done", "marks", "ordinal", "started", "url",
+                 "version")
 
     def __init__(self) -> None:
         self.started = 0
@@ -62,11 +63,12 @@ class ShardCursor:
         self.marks: list[Marks] = [(0, 0, [], False)]
         self._at: tuple[Marks, list[tuple[str, bytes]], int] | int = 0
         self._prev: tuple[Marks, list[tuple[str, bytes]], int] | int = 0
+        self._base = 0  # where the stream began in the shard: the reader counts from there
 
     def begin(self, url: str, version: str, base: int, ordinal: int) -> None:
         """A shard starts (at byte ``base``, after ``ordinal`` samples)."""
         self.url, self.version, self.ordinal, self.done = url, version, ordinal, False
-        self._at = self._prev = base
+        self._at = self._prev = self._base = base
 
     def boundary(self, batch: list[tuple[str, bytes]], j: int) -> None:
         """The sample about to be yielded ends where member ``j`` of ``batch`` begins."""
@@ -74,8 +76,9 @@ class ShardCursor:
         self.ordinal += 1
 
     def boundary_at(self, offset: int) -> None:
-        """The sample about to be yielded ends at byte ``offset`` (-1: unknown)."""
-        self._prev, self._at = self._at, offset
+        """The sample about to be yielded ends at byte ``offset`` of the stream (-1:
+        unknown)."""
+        self._prev, self._at = self._at, offset if offset < 0 else self._base + offset
         self.ordinal += 1
 
     def finish(self) -> None:
@@ -84,12 +87,11 @@ class ShardCursor:
         self.ordinal += 1
         self.done = True
 
-    @staticmethod
-    def _resolve(at: tuple[Marks, list[tuple[str, bytes]], int] | int) -> int:
+    def _resolve(self, at: tuple[Marks, list[tuple[str, bytes]], int] | int) -> int:
         if isinstance(at, int):
             return at
-        marks, batch, j = at
-        return -1 if marks[3] else member_start(marks, batch, j)
+        marks, batch, j = at  # (the marks count from where the stream began)
+        return -1 if marks[3] else self._base + member_start(marks, batch, j)
 
     def next_offset(self) -> int:
         """Where the next sample of this shard begins (-1: unknown, or none)."""
