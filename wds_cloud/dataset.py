@@ -38,7 +38,12 @@ use it or refuse it:
 * ``seed=None`` takes ``WDS_SEED`` (an integer) if set, else a random seed, as webdataset;
   with ``resampled=True`` a chosen seed (argument or ``WDS_SEED``) makes the resampled shard
   streams reproducible (``ResampledShards(seed=seed, deterministic=True)``; webdataset ignored
-  the seed there), while no seed keeps webdataset's non-deterministic resampling.
+  the seed there), while no seed keeps webdataset's non-deterministic resampling;
+* keyword-only ``zero_copy=True`` hands out the members of local and cached shards (read
+  through a memory map) as ``memoryview`` slices of the map instead of ``bytes``: no copy,
+  for consumers that take any buffer (``np.frombuffer``, ``torch.frombuffer``); each view
+  keeps its shard's map open while it lives, ``decode()`` turns views into ``bytes`` for its
+  handlers, and other shards (remote, compressed, piped) still give ``bytes``.
 
 As webdataset's module path ``webdataset.tariterators`` (an alias of this module) it also holds
 ``meta_prefix``, ``meta_suffix``, ``shardlist`` and ``trace``; the debugging switch that
@@ -238,6 +243,7 @@ class WebDataset(DataPipeline, FluidInterface):
         epoch_mode: str | None = None,
         remainder: str = "pad",
         split: str | None = None,
+        zero_copy: bool = False,
     ) -> None:
         super().__init__()
         refuse_unsupported(urls, mode)
@@ -252,7 +258,7 @@ class WebDataset(DataPipeline, FluidInterface):
                 urls, settings=settings, seed=seed, storage_options=storage_options or {},
                 url_to_name=url_to_name, handler=handler, select_files=select_files,
                 rename_files=rename_files, worker_info=functools.partial(worker_info, settings),
-                allow_pipe=allow_pipe, split=split)
+                allow_pipe=allow_pipe, split=split, zero_copy=zero_copy)
             from .spec.build import SpecMix
 
             chosen = seed is not None or settings.seed is not None or self.spec.seed is not None
@@ -276,7 +282,7 @@ class WebDataset(DataPipeline, FluidInterface):
             if repeat:
                 self.repeat()
             return
-        opener = ShardOpener(settings, storage_options or {}, url_to_name)
+        opener = ShardOpener(settings, storage_options or {}, url_to_name, zero_copy)
         urls = expand_patterns(urls, settings.url_vars, opener.router)
         if isinstance(urls, (str, list, tuple)):  # for the workers forked from here
             opener.prepare([urls] if isinstance(urls, str) else urls)

@@ -104,6 +104,14 @@ def _worker_from_torch() -> tuple[int, int, int | None]:
     return info.id, info.num_workers, info.seed
 
 
+def in_worker() -> bool:
+    """Whether this process is a DataLoader (or MultiLoader) worker, whose items are pickled
+    for the trip to the process that iterates the loader."""
+    data = _loaded("torch.utils.data")
+    return (data is not None and data.get_worker_info() is not None) \
+        or loader_worker is not None
+
+
 def worker_info(settings: Settings | None = None, *, group: object = None) -> WorkerInfo:
     """Where this code runs: rank/world size, DataLoader worker/count and torch's worker seed.
 

@@ -23,6 +23,7 @@ from .pipeline import core as pipeline
 from .pipeline.rng import SHUFFLE, KeyedRandom
 from .pipeline.shufflestate import ResumableShuffle
 from .pipeline.state import Ref, ResumeBook, refetch, track_shards
+from .pytorch import in_worker
 from .router import Router
 from .settings import Settings
 from .tar.shardloop import ShardCursor, samples_from_shards
@@ -46,6 +47,9 @@ class ShardOpener:
     settings: Settings = field(default_factory=Settings)
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     url_to_name: Callable[[str], str] | None = None
+    #: members of local and cached shards as ``memoryview`` slices of a map of the file (in
+    #: the process that iterates the dataset; ``bytes`` in DataLoader workers)
+    zero_copy: bool = False
     _router: list[tuple[int, Router]] = field(default_factory=list, init=False, repr=False,
                                               compare=False)
 
@@ -105,14 +109,17 @@ class ShardOpener:
         """Samples of the shards of ``src``; ``share``: how many such streams one process
         reads at once (a spec's sources), which split the read-ahead between them;
         ``cursor`` keeps the position (for resumable state)."""
+        # in a DataLoader worker views would be pickled (and torch's default_convert would
+        # turn each into a list of ints): the members are bytes there
+        zero_copy = self.zero_copy and not in_worker()
         return read_shards(self, self.settings, src, handler, select_files, rename_files,
-                           share=share, cursor=cursor)
+                           share=share, cursor=cursor, zero_copy=zero_copy)
 
 
 def read_shards(
     open_stream: Callable[..., BinaryIO], settings: Settings, src: Iterable[Sample],
     handler: Handler, select_files: Any, rename_files: Any, *, share: int = 1,
-    cursor: ShardCursor | None = None,
+    cursor: ShardCursor | None = None, zero_copy: bool = False,
 ) -> Iterator[Sample]:
     """Samples of the shards ``{"url": ...}`` of ``src`` opened with ``open_stream``, the
     next ``settings.readahead // share`` opened in the background: those whose first byte is
@@ -127,7 +134,8 @@ def read_shards(
     with ReadAhead(open_stream, depth=depth, max_bytes=max_bytes, worth=worth,
                    pace=start() if callable(start) else None) as ahead:
         yield from samples_from_shards(ahead.sources(src), handler, select_files, rename_files,
-                                       open_stream=ahead.open, cursor=cursor)
+                                       open_stream=ahead.open, cursor=cursor,
+                                       zero_copy=zero_copy)
 
 
 class ShardReader(pipeline.PipelineStage):

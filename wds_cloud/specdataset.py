@@ -110,7 +110,8 @@ def spec_settings(spec: DatasetSpec, settings: Settings) -> Settings:
 
 
 def _openers(spec: DatasetSpec, settings: Settings, storage_options: Mapping[str, Any],
-             url_to_name: Callable[[str], str] | None) -> tuple[ShardOpener, ...]:
+             url_to_name: Callable[[str], str] | None, zero_copy: bool = False,
+             ) -> tuple[ShardOpener, ...]:
     settings = spec_settings(spec, settings)
     made: list[ShardOpener] = []
     for source in spec.sources:
@@ -120,7 +121,7 @@ def _openers(spec: DatasetSpec, settings: Settings, storage_options: Mapping[str
                 if source.cache_dir else settings)
         same = next((o for o in made if o.storage_options == options and o.settings == mine),
                     None)
-        made.append(same or ShardOpener(mine, options, url_to_name))
+        made.append(same or ShardOpener(mine, options, url_to_name, zero_copy))
     return tuple(made)
 
 
@@ -216,17 +217,18 @@ def spec_source(
     url_to_name: Callable[[str], str] | None = None, handler: Handler = reraise_exception,
     select_files: Any = None, rename_files: Any = None,
     worker_info: Callable[[], WorkerInfo] | None = None, allow_pipe: bool = False,
-    split: str | None = None,
+    split: str | None = None, zero_copy: bool = False,
 ) -> tuple[DatasetSpec, int, SpecMix | SpecEpochShards | SpecSampleEpochs]:
     """``(spec, seed, source)``: the samples of ``spec`` as a pipeline's first stage.
 
     A spec of mode ``"mix"`` gives a :class:`~wds_cloud.spec.build.SpecMix`, one of mode
     ``"shards"`` a :class:`~wds_cloud.spec.build.SpecEpochShards`, one of mode ``"samples"`` a
-    :class:`~wds_cloud.spec.quota.SpecSampleEpochs`. ``split``: an Energon metadataset's split.
+    :class:`~wds_cloud.spec.quota.SpecSampleEpochs`. ``split``: an Energon metadataset's split;
+    ``zero_copy``: see :class:`~wds_cloud.reading.ShardOpener`.
     """
     loaded = load_spec(spec, environ=settings.environ, allow_pipe=allow_pipe, split=split)
     chosen = _seed(seed, settings, loaded)
-    openers = _openers(loaded, settings, storage_options or {}, url_to_name)
+    openers = _openers(loaded, settings, storage_options or {}, url_to_name, zero_copy)
     listed = _listed(loaded, openers)
     urls = [found.urls for found in listed]
     for opener, found in zip(openers, listed, strict=True):  # for the workers forked from here

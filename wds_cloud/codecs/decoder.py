@@ -289,6 +289,8 @@ class Decoder:
                 if plan is None:
                     plan = self._plan(k)
                 if plan.__class__ is _Plan:
+                    if v.__class__ is memoryview:  # WebDataset(zero_copy=True)'s values
+                        v = v.tobytes()
                     if isinstance(v, bytes):
                         for fn in plan:
                             r = fn(v)

@@ -14,50 +14,60 @@ from typing import Any
 
 from .header import BLOCK, pax_overrides
 
-__all__ = ["READ_AT_MIN", "Member", "ReadAt", "fast_batch", "fast_extended"]
+__all__ = ["READ_AT_MIN", "Far", "Member", "fast_batch", "fast_extended"]
 
-Member = tuple[str, bytes]
-ReadAt = Callable[[int, int], bytes]  # (size, offset) -> bytes
+Member = tuple[str, "bytes | memoryview"]  # bytes, or views of a mapped file (zero-copy)
+#: reads member data out of the file rather than the buffer: ``(size, offset)`` (the offset in
+#: the file, from where reading began) -> the data (``bytes``, or a view), None where the file
+#: holds less than the data and its padding (the general path then reports the damage)
+Far = Callable[[int, int], "bytes | memoryview | None"]
 
-READ_AT_MIN = 1 << 16  # members this large are read with ``read_at`` when there is one
+READ_AT_MIN = 1 << 16  # members this large are read with ``far`` when there is one
 
 _PROBE = 32  # members parsed one by one before deciding whether to vectorize
 _DENSE_BLOCKS = 16  # vectorize when those members take at most this many blocks on average
 
 
-def fast_batch(buf: Any, pos: int, *, vectorize: bool = True, end: int | None = None,
-               read_at: ReadAt | None = None,
-               ) -> tuple[list[Member], list[int], list[int], int]:
+def fast_batch(buf: Any, pos: int, *, vectorize: bool = True, far: Far | None = None,
+               view: memoryview | None = None, base: int = 0,
+               ) -> tuple[list[Member], list[int], list[int], int, int]:
     """Parse consecutive plain members from ``pos``: a type ``0`` header without ustar prefix
-    (optionally after one pax or GNU long-name header), data buffered. ``buf`` is ``bytes``
-    or a memory map; ``end``: no header at or past it is parsed (a window of a map), though
-    the data of those before it may run past it. ``read_at(size, offset)``, when given, reads
-    the data of members of :data:`READ_AT_MIN` bytes or more (``os.pread`` of a mapped file:
-    one copy from the page cache, no page of the map touched).
+    (optionally after one pax or GNU long-name header) in ``buf`` (``bytes``), data buffered.
+    ``far``, when given, reads member data out of the file instead (``buf[0]`` is at offset
+    ``base`` in it): that of members of :data:`READ_AT_MIN` bytes or more, and of those whose
+    data runs past the buffer; ``view``, when given (a view of the whole file), is what every
+    member's data is sliced out of (zero-copy). Either way the walk goes on past the buffer's
+    end, to the next header.
 
-    Returns the members, their header offsets, the offsets of the extended headers before them
-    (checksums still unverified) and where it stopped. The first members are parsed one by one;
-    if they are small and ``vectorize``, the rest of the buffer is walked with numpy.
+    Returns the members, their header offsets in ``buf``, the offsets of the extended headers
+    before them (checksums still unverified), where it stopped (in ``buf``'s coordinates;
+    past its end after a member read with ``far``) and the bytes of the large members'
+    data (what a buffer of headers and small members need not hold). The first members are
+    parsed one by one; if they are small and ``vectorize``, the rest of the buffer is walked
+    with numpy.
     """
     members: list[Member] = []
     headers: list[int] = []
     extended: list[int] = []
     start = pos
-    end = len(buf) if end is None else min(end, len(buf))
-    pos = _walk(buf, pos, members, headers, extended, _PROBE, end, read_at)
+    pos, large = _walk(buf, pos, members, headers, extended, _PROBE, far, view, base)
     if vectorize and len(members) == _PROBE and pos - start <= _PROBE * _DENSE_BLOCKS * BLOCK:
-        pos = _walk_dense(buf, pos, members, headers, extended, end)
-    pos = _walk(buf, pos, members, headers, extended, len(buf), end, read_at)
-    return members, headers, extended, pos
+        pos = _walk_dense(buf, pos, members, headers, extended, view, base)
+    pos, more = _walk(buf, pos, members, headers, extended, len(buf), far, view, base)
+    return members, headers, extended, pos, large + more
 
 
 def _walk(buf: Any, pos: int, members: list[Member], headers: list[int], extended: list[int],
-          count: int, window: int, read_at: ReadAt | None = None) -> int:
-    """Append up to ``count`` plain members from ``pos`` whose headers start before
-    ``window``; return where it stopped."""
+          count: int, far: Far | None = None, view: memoryview | None = None, base: int = 0,
+          ) -> tuple[int, int]:
+    """Append up to ``count`` plain members from ``pos`` whose headers are buffered; return
+    where it stopped and the bytes of large members' data."""
     add, mark, find = members.append, headers.append, buf.find
     end = len(buf)
-    limit = window - BLOCK
+    limit = end - BLOCK
+    beyond = far is not None or view is not None  # data past the buffer can be read
+    room = len(view) - base if view is not None else 0  # the file's end, in buf's terms
+    large = 0
     for _ in range(count):
         if pos > limit:
             break
@@ -82,33 +92,43 @@ def _walk(buf: Any, pos: int, members: list[Member], headers: list[int], extende
         size = header_size if size is None else size
         data = pos + BLOCK
         nxt = data + ((size + 511) & -512)
-        if nxt > end or size < 0 or header_size < 0:
+        if size < 0 or header_size < 0 or (nxt > end and not beyond):
             pos = start
             break
         if name is None:
             nul = find(b"\0", pos, pos + 100)
             name = buf[pos:nul if nul >= 0 else pos + 100].decode("utf-8", "surrogateescape")
-        piece = None
-        if read_at is not None and size >= READ_AT_MIN:
-            piece = read_at(size, data)
-            if len(piece) != size:  # (the file shrank: the map's page fault will tell)
-                piece = None
-        add((name, buf[data:data + size] if piece is None else piece))
+        if view is not None:
+            if nxt > room:  # (the file holds less than its data and padding)
+                pos = start
+                break
+            add((name, view[base + data:base + data + size]))
+        elif far is not None and (nxt > end or size >= READ_AT_MIN):
+            piece = far(size, base + data)
+            if piece is None:
+                pos = start
+                break
+            add((name, piece))
+        else:
+            add((name, buf[data:data + size]))
         mark(pos)
         if start != pos:
             extended.append(start)
+        if size >= READ_AT_MIN:
+            large += size
         pos = nxt
-    return pos
+    return pos, large
 
 
 def _walk_dense(buf: Any, pos: int, members: list[Member], headers: list[int],
-                extended: list[int], window: int) -> int:
+                extended: list[int], view: memoryview | None = None, base: int = 0) -> int:
     """:func:`_walk` vectorized: every block from ``pos`` is parsed as if it were a plain
     header in one numpy pass; the chain of next-header indexes from the first block is then
     verified in one more pass for as long as it runs through plain headers only (a data block
     that looks like a header breaks it there), and Python follows it from where that stops."""
     import numpy as np  # only shards of small members pay for it
 
+    window = len(buf)
     nblocks = (window - pos) // BLOCK
     rows = np.frombuffer(buf, np.uint8, nblocks * BLOCK, pos).reshape(nblocks, BLOCK)
     # only blocks that look like plain headers by three bytes are parsed further (data blocks
@@ -132,7 +152,7 @@ def _walk_dense(buf: Any, pos: int, members: list[Member], headers: list[int],
                     window)
     if len(chain) or found:
         idx = np.concatenate((chain, np.array(found, dtype=np.intp))) if found else chain
-        headers.extend(_collect(buf, pos, rows, sizes, idx, overrides, members))
+        headers.extend(_collect(buf, pos, rows, sizes, idx, overrides, members, view, base))
     return pos + i * BLOCK
 
 
@@ -174,10 +194,11 @@ def _follow(buf: Any, pos: int, links: list[int], is_plain: list[bool], i: int,
 
 
 def _collect(buf: Any, pos: int, rows: Any, sizes: Any, idx: Any,
-             overrides: dict[int, tuple[str | None, int | None]], members: list[Member]
-             ) -> list[int]:
-    """Append the members whose headers are the blocks ``idx`` (relative to ``pos``); return
-    the offsets of those headers in ``buf``."""
+             overrides: dict[int, tuple[str | None, int | None]], members: list[Member],
+             view: memoryview | None = None, base: int = 0) -> list[int]:
+    """Append the members whose headers are the blocks ``idx`` (relative to ``pos``), their
+    data sliced out of ``buf`` (or out of ``view``, the file from offset ``-base``); return the
+    offsets of those headers in ``buf``."""
     import numpy as np
 
     # the names, NUL-terminated, decoded in one piece and split: as decoding each alone (a
@@ -195,7 +216,8 @@ def _collect(buf: Any, pos: int, rows: Any, sizes: Any, idx: Any,
                 name, size = overrides[k]
                 names[n] = names[n] if name is None else name
                 lens[n] = lens[n] if size is None else size
-    datas = [buf[p + BLOCK:p + BLOCK + n] for p, n in zip(starts, lens, strict=True)]
+    source, at = (buf, BLOCK) if view is None else (view, base + BLOCK)
+    datas = [source[at + p:at + p + n] for p, n in zip(starts, lens, strict=True)]
     members.extend(zip(names, datas, strict=True))
     return starts
 

@@ -27,25 +27,23 @@ switches to that mode at the first large member that is not buffered yet, and ba
 buffers after a run of small members. Anything unusual takes the general one-header-at-a-time
 path (:class:`_Reader`).
 
-A regular local file (a local or cached shard) is instead read through a memory map
-(:mod:`.mapped`): the whole file is the buffer, parsed a window of ``chunk_size`` at a time,
-each member's ``bytes`` sliced out of the map (one copy from the page cache, no ``read``).
+A regular local file (a local or cached shard) is instead read with positional reads
+(:mod:`.positional`): windows of its headers and small members, and each large member's data
+on its own, one copy from the page cache; with ``zero_copy``, members' data are views of a
+memory map of the file (no copy).
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
-import functools
-import mmap
-import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import BinaryIO, TypeGuard
 
 from ..errors import ShardFormatError
 from ..urls import redact
-from .bulk import READ_AT_MIN, Member, ReadAt, fast_batch
+from .bulk import Far, Member, fast_batch
 from .compress import CHUNK_SIZE, tar_source
 from .header import (
     BLOCK,
@@ -57,7 +55,7 @@ from .header import (
     parse_pax,
     pax_overrides,
 )
-from .mapped import MappedFile, at_end, map_file
+from .positional import FileRead, file_view, positional
 
 __all__ = [
     "BLOCK",
@@ -94,12 +92,15 @@ class _Reader:
     small, :data:`BLOCK` (just the next header) while they are large (see :func:`_large_members`).
     """
 
-    def __init__(self, read: Callable[[int], bytes], head: bytes | mmap.mmap, url: str,
+    def __init__(self, read: Callable[[int], bytes], head: bytes, url: str,
                  chunk: int) -> None:
         self.read, self.buf, self.url, self.chunk = read, head, url, chunk
         self.ahead = chunk
-        #: reads ``(size, offset)`` of a mapped file (``os.pread``), for large members' data
-        self.read_at: ReadAt | None = None
+        #: reads large members' data out of a regular file (see :data:`~.bulk.Far`)
+        self.far: Far | None = None
+        #: a view of a regular file, from where reading began, that every member's data is
+        #: sliced out of (zero-copy reading)
+        self.view: memoryview | None = None
         self.pos = 0  # position in buf
         self.off = 0  # stream offset of buf[0]; always a multiple of BLOCK
 
@@ -127,11 +128,10 @@ class _Reader:
             have += len(data)
         self.off += pos
         self.buf, self.pos = b"".join(parts), 0
-        self.read_at = None  # (the buffer is no longer the mapped file)
         return have
 
     def take(self, size: int, member: str, header_at: int, *, entry: str | None = None
-             ) -> bytes:
+             ) -> bytes | memoryview:
         """The next ``size`` bytes (a member's data), consuming their padding to a block.
 
         ``entry`` describes what is read when it is not a regular member (an extended header):
@@ -143,10 +143,11 @@ class _Reader:
         if have >= size:
             pos = self.pos
             self.pos = pos + size
-            data = b""
-            if self.read_at is not None and size >= READ_AT_MIN:
-                data = self.read_at(size, pos)
-            if len(data) != size:
+            data: bytes | memoryview | None = None
+            if self.view is not None and entry is None:
+                at = self.off + pos
+                data = self.view[at:at + size]
+            if data is None:
                 data = self.buf[pos:pos + size]
         else:
             data = self._read_direct(size, member, header_at, entry)
@@ -262,6 +263,8 @@ class _Reader:
             raise self.error(f"extended header {label!r} of {size} bytes is larger than the "
                              f"{MAX_EXTENDED}-byte limit", at=at)
         data = self.take(size, label, at, entry=f"extended header {label!r}")
+        if not isinstance(data, bytes):  # (never a view: those are for members' data)
+            data = bytes(data)
         kind = header[156]
         if kind == 0x4C and name is None:  # "L": GNU long name
             nul = data.find(b"\0")
@@ -379,52 +382,101 @@ def member_start(marks: Marks, batch: list[Member], j: int) -> int:
 def iter_member_batches(
     stream: BinaryIO, *, url: str = "", chunk_size: int = CHUNK_SIZE,
     marks: list[Marks] | None = None, following: Following | None = None,
+    zero_copy: bool = False,
 ) -> Iterator[list[Member]]:
     """Yield the regular members of the tar archive in ``stream`` as lists of ``(name, data)``.
 
     ``url`` is used in error messages only (redacted). The stream is read, never closed; a
-    local file's is read through a memory map (:mod:`.mapped`), then seeked to where reading
-    stopped. Raises :class:`ShardFormatError` for a truncated or corrupt archive, after yielding
-    every whole member before the damage. ``marks``: a one-item list set to the
+    local file's is read with positional reads (:mod:`.positional`), then seeked to where
+    reading stopped. Raises :class:`ShardFormatError` for a truncated or corrupt archive,
+    after yielding every whole member before the damage. ``marks``: a one-item list set to the
     :data:`Marks` of each batch before it is yielded (for resumable positions).
     ``following``: a one-item list set before each batch to what is known of the member
     after it (see :data:`Following`; None when nothing is), so that grouping can hand a sample
     on before the next member's data is read (one large ``bytes`` fewer alive at a time).
+    ``zero_copy``: a local file's members are ``memoryview`` slices of a memory map of it
+    instead of ``bytes`` (no copy; each keeps the map alive while it lives); other streams'
+    are ``bytes``.
     """
-    mapped = map_file(stream)
-    if mapped is None:
+    read = positional(stream)
+    if read is None:
         # the first read is one header: a large first member is then read like any other
-        read, head = tar_source(stream, url, peek=BLOCK)
-        compressed = getattr(read, "__self__", None) is not stream
-        reader = _Reader(read, head, url, max(chunk_size, BLOCK))
-    else:  # the whole file is the buffer, parsed a window of ``chunk`` at a time
-        compressed = False
-        reader = _Reader(at_end, mapped.map, url, max(chunk_size, BLOCK))
-        reader.pos, reader.off = mapped.start, -mapped.start  # offsets from the stream's start
-        reader.read_at = functools.partial(os.pread, stream.fileno())
-    try:
-        yield from _batches(reader, compressed, marks, following, mapped)
-    finally:
-        if mapped is not None:
-            mapped.close()
+        source, head = tar_source(stream, url, peek=BLOCK)
+        compressed = getattr(source, "__self__", None) is not stream
+        reader = _Reader(source, head, url, max(chunk_size, BLOCK))
+        yield from _batches(reader, compressed, marks, following)
+        return
+    reader = _Reader(read, b"", url, max(chunk_size, BLOCK))
+    with file_view(read) if zero_copy else contextlib.nullcontext() as view:
+        if view is not None:
+            reader.view = view
+        else:
+            reader.far = read.member
+        try:
+            yield from _file_batches(reader, marks)
+        finally:
             with contextlib.suppress(OSError, ValueError):  # the stream is where reading stopped
-                stream.seek(mapped.start + reader.off + reader.pos)
+                stream.seek(read.start + reader.off + reader.pos)
+
+
+_MIN_WINDOW = 8 << 10  # the smallest window of a regular file's headers and small members
+_FIRST_WINDOW = 64 << 10  # the first; each next one twice what the last held (to a chunk)
+
+
+def _file_batches(reader: _Reader, marks: list[Marks] | None) -> Iterator[list[Member]]:
+    """The loop of :func:`iter_member_batches` over a regular file (:mod:`.positional`):
+    windows of headers and small members read where the next header is, each as large as
+    twice what the last one held of them (from :data:`_MIN_WINDOW` to a chunk, the first
+    :data:`_FIRST_WINDOW`); the data of
+    large members, and of those that run past a window, read on their own (``reader.far``)."""
+    read = reader.read
+    assert isinstance(read, FileRead)
+    size = min(reader.chunk, _FIRST_WINDOW)
+    while True:
+        if reader.pos > len(reader.buf) - BLOCK:  # used up, or a member read past its end
+            at = reader.off + reader.pos
+            reader.buf, reader.off, reader.pos = read.window(at, size), at, 0
+        buf, start = reader.buf, reader.pos
+        vectorize = reader.off + start >= reader.chunk or "numpy" in sys.modules
+        batch, headers, extended, pos, large = fast_batch(buf, start, vectorize=vectorize,
+                                                   far=reader.far, view=reader.view,
+                                                   base=reader.off)
+        if headers:
+            bad = first_bad_header(buf, headers + extended if extended else headers,
+                                   vectorize=vectorize)
+            if marks is not None:
+                marks[0] = (reader.off + start, reader.off, headers, False)
+            if bad >= 0:
+                good = bisect.bisect_left(headers, bad)  # members before the bad header
+                if good:
+                    yield batch[:good]
+                raise reader.error(_BAD_CHECKSUM, at=reader.off + bad)
+            reader.pos = pos
+            yield batch
+            held = min(pos, len(buf)) - start - large  # what headers and small members took
+            size = min(reader.chunk, max(_MIN_WINDOW, 2 * held))
+            continue
+        before = reader.off + reader.pos  # anything unusual: the general path, one member
+        item = reader.step()
+        if item is _END:
+            return
+        if item is not None:
+            if marks is not None:
+                marks[0] = (before, 0, [], False)
+            yield [item]  # type: ignore[list-item]
 
 
 def _batches(reader: _Reader, compressed: bool, marks: list[Marks] | None,
-             following: Following | None, mapped: MappedFile | None,
-             ) -> Iterator[list[Member]]:
-    """The loop of :func:`iter_member_batches` over ``reader``."""
+             following: Following | None) -> Iterator[list[Member]]:
+    """The loop of :func:`iter_member_batches` over a stream."""
     small = 0  # members read one by one since the last large one
     while True:
         if reader.ahead > BLOCK:  # small members: parse what a large buffer holds
             buf, start = reader.buf, reader.pos
             # numpy once loaded, or after the first chunk: the first samples never wait for it
             vectorize = reader.off + start >= reader.chunk or "numpy" in sys.modules
-            window = None if mapped is None else start + reader.chunk
-            batch, headers, extended, reader.pos = fast_batch(buf, start, vectorize=vectorize,
-                                                              end=window,
-                                                              read_at=reader.read_at)
+            batch, headers, extended, reader.pos, _ = fast_batch(buf, start,
+                                                                 vectorize=vectorize)
             if headers:
                 bad = first_bad_header(buf, headers + extended if extended else headers,
                                        vectorize=vectorize)
@@ -436,10 +488,6 @@ def _batches(reader: _Reader, compressed: bool, marks: list[Marks] | None,
                         yield batch[:good]
                     raise reader.error(_BAD_CHECKSUM, at=reader.off + bad)
                 yield batch
-                if mapped is not None:
-                    mapped.consumed(reader.pos)
-                    if window is not None and reader.pos > window - BLOCK:
-                        continue  # the window ended: parse the next one
         else:
             yield from _large_members(reader, marks, compressed, following)
         if following is not None:
@@ -448,8 +496,7 @@ def _batches(reader: _Reader, compressed: bool, marks: list[Marks] | None,
         item = reader.step()
         if item is _END:
             return
-        if mapped is None and item is not None \
-                and len(item[1]) >= DIRECT_MIN:  # type: ignore[index]
+        if item is not None and len(item[1]) >= DIRECT_MIN:  # type: ignore[index]
             reader.ahead, small = BLOCK, 0  # large members: one by one, no read-ahead
         elif reader.ahead == BLOCK:
             small += 1

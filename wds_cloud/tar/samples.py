@@ -50,7 +50,7 @@ from ..errors import (
 )
 from ..handlers import Handler, reraise_exception
 from ..urls import redact
-from .reader import Following, Marks, iter_member_batches
+from .reader import Following, Marks, Member, iter_member_batches
 
 __all__ = [
     "base_plus_ext",
@@ -238,12 +238,14 @@ class _Outcome:
 
 def _batches(stream: BinaryIO, url: str, handler: Handler | None, outcome: _Outcome,
              marks: list[Marks] | None = None, following: Following | None = None,
-             ) -> Iterator[list[tuple[str, bytes]]]:
+             zero_copy: bool = False) -> Iterator[list[Member]]:
     """The shard's member batches; a read error goes to ``handler``, whose answer (go on to
     the next shard, or stop) is stored in ``outcome``; with no handler the error is kept in
-    ``outcome.error`` for the caller to hand on (:meth:`_Outcome.handle`)."""
+    ``outcome.error`` for the caller to hand on (:meth:`_Outcome.handle`). ``zero_copy``: see
+    :func:`~wds_cloud.tar.reader.iter_member_batches`."""
     try:
-        yield from iter_member_batches(stream, url=url, marks=marks, following=following)
+        yield from iter_member_batches(stream, url=url, marks=marks, following=following,
+                                       zero_copy=zero_copy)
     except Exception as exn:
         outcome.damaged = True
         member = getattr(exn, "member", None) if isinstance(exn, ShardFormatError) else None
@@ -256,7 +258,7 @@ def _batches(stream: BinaryIO, url: str, handler: Handler | None, outcome: _Outc
 def _members(
     stream: BinaryIO, url: str, handler: Handler, skip_meta: re.Pattern[str] | None,
     select_files: Selector | None, rename_files: Renamer | None,
-) -> Generator[tuple[str, bytes], None, bool]:
+) -> Generator[Member, None, bool]:
     """The selected members of one shard; returns False when the handler says stop."""
     hooks = select_files is not None or rename_files is not None
     outcome = _Outcome()
@@ -324,7 +326,7 @@ def tar_file_expander(
 
 
 def _with_url(
-    members: Generator[tuple[str, bytes], None, bool], url: str, local_path: str | None,
+    members: Generator[Member, None, bool], url: str, local_path: str | None,
 ) -> Generator[dict[str, Any], None, bool]:
     while True:
         try:

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 
 from ..handlers import Handler, reraise_exception
 from ..urls import redact
-from .reader import Following, Marks, member_start
+from .reader import Following, Marks, Member, member_start
 from .samples import (
     _META,
     OpenStream,
@@ -61,8 +61,8 @@ class ShardCursor:
         self.ordinal = 0
         self.done = True
         self.marks: list[Marks] = [(0, 0, [], False)]
-        self._at: tuple[Marks, list[tuple[str, bytes]], int] | int = 0
-        self._prev: tuple[Marks, list[tuple[str, bytes]], int] | int = 0
+        self._at: tuple[Marks, list[Member], int] | int = 0
+        self._prev: tuple[Marks, list[Member], int] | int = 0
         self._base = 0  # where the stream began in the shard: the reader counts from there
 
     def begin(self, url: str, version: str, base: int, ordinal: int) -> None:
@@ -70,7 +70,7 @@ class ShardCursor:
         self.url, self.version, self.ordinal, self.done = url, version, ordinal, False
         self._at = self._prev = self._base = base
 
-    def boundary(self, batch: list[tuple[str, bytes]], j: int) -> None:
+    def boundary(self, batch: list[Member], j: int) -> None:
         """The sample about to be yielded ends where member ``j`` of ``batch`` begins."""
         self._prev, self._at = self._at, (self.marks[0], batch, j)
         self.ordinal += 1
@@ -87,7 +87,7 @@ class ShardCursor:
         self.ordinal += 1
         self.done = True
 
-    def _resolve(self, at: tuple[Marks, list[tuple[str, bytes]], int] | int) -> int:
+    def _resolve(self, at: tuple[Marks, list[Member], int] | int) -> int:
         if isinstance(at, int):
             return at
         marks, batch, j = at  # (the marks count from where the stream began)
@@ -105,14 +105,16 @@ class ShardCursor:
 def samples_from_shards(
     src: Iterable[dict[str, Any]], handler: Handler = reraise_exception,
     select_files: Selector | None = None, rename_files: Renamer | None = None, *,
-    open_stream: OpenStream, cursor: ShardCursor | None = None,
+    open_stream: OpenStream, cursor: ShardCursor | None = None, zero_copy: bool = False,
 ) -> Iterator[Sample]:
     """Samples from the tar shards ``{"url": ...}`` of ``src``: open, parse and group in one
     loop (what webdataset's url_opener | tar_file_expander | group_by_keys do).
 
     Each stream is closed when its shard is done, on error, and when the consumer stops.
     ``cursor`` keeps the position (see :class:`ShardCursor`), and items with ``offset`` or
-    ``ordinal`` resume a shard there.
+    ``ordinal`` resume a shard there. ``zero_copy``: the members of local and cached shards
+    (memory-mapped) are ``memoryview`` slices of the map, not ``bytes`` (see
+    :func:`~wds_cloud.tar.reader.iter_member_batches`).
     """
     for source in src:
         url = _url_of(source)
@@ -133,7 +135,8 @@ def samples_from_shards(
                     stream = open_stream(url)
                     offset = skip = 0
                     cursor.begin(url, str(getattr(stream, "version", None) or ""), 0, 0)
-            samples = _shard_samples(stream, url, handler, select_files, rename_files, cursor)
+            samples = _shard_samples(stream, url, handler, select_files, rename_files, cursor,
+                                     zero_copy)
             if skip and offset <= 0:
                 samples = _skipping(samples, skip, cursor)
             go_on = yield from samples
@@ -183,7 +186,7 @@ def _skipping(samples: Generator[Sample, None, bool], skip: int,
 
 def _shard_samples(
     stream: BinaryIO, url: str, handler: Handler, select_files: Selector | None,
-    rename_files: Renamer | None, cursor: ShardCursor | None = None,
+    rename_files: Renamer | None, cursor: ShardCursor | None = None, zero_copy: bool = False,
 ) -> Generator[Sample, None, bool]:
     """The fused loop for one shard; returns False when the handler says stop."""
     local_path = getattr(stream, "local_path", None)
@@ -194,7 +197,8 @@ def _shard_samples(
     marks = None if cursor is None else cursor.marks
     following: Following = [None]
     # the handler sees a read error only once the sample complete before it is out
-    for batch in _batches(stream, url, None, outcome, marks, None if hooks else following):
+    for batch in _batches(stream, url, None, outcome, marks, None if hooks else following,
+                          zero_copy):
         for j, (name, data) in enumerate(batch):
             if name.startswith("__") and _is_meta(name, _META):
                 continue
