@@ -185,11 +185,12 @@ class check_empty:
         self.book = book
 
     def __call__(self, source: Iterable[Sample]) -> Iterator[Sample]:
-        empty = True
-        for sample in source:
-            empty = False
+        samples = iter(source)
+        for sample in samples:  # the first one, then the rest passed through as they come
             yield sample
-        if empty and not (self.book is not None and self.book.restoring):
+            yield from samples
+            return
+        if not (self.book is not None and self.book.restoring):
             info = self.worker_info()
             raise ConfigError(
                 f"no samples found in {self.what} (rank {info.rank}/{info.world_size}, worker "

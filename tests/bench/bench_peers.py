@@ -21,7 +21,9 @@ each value's length taken. Rounds take the loaders in turn, the order rotating; 
 medians, the ratios are ours over the best peer's, and the machine's load is printed beside.
 Each line names the type of the values the loader hands out: wds_cloud and Mosaic hand out
 ``bytes`` (one copy each), LitData 0.2.76 ``memoryview`` slices of its memory-mapped chunks
-(no copy, and pages that stay mapped while a value is alive).
+(no copy, and pages that stay mapped while a value is alive); ``wds_views`` is wds_cloud
+with ``zero_copy=True`` (views too). Beside them: the copy alone, one ``pread`` of each
+member's data at offsets found beforehand, what returning ``bytes`` costs at the least.
 Then, for each workload, ``WebDataset`` over the local tar files against a plain
 ``f.read(4 MB)`` of them, in MB/s (interleaved in this process).
 
@@ -52,7 +54,7 @@ REPO = HERE.parents[2]
 PEERS_VENV = REPO / ".ci" / ".tools" / "peers-venv"
 PEER_PACKAGES = ("torch==2.13.0", "litdata==0.2.76", "mosaicml-streaming==0.13.0")
 PEERS = ("litdata", "mosaic")
-LOADERS = ("wds_cloud", *PEERS)
+LOADERS = ("wds_cloud", "wds_views", *PEERS)  # wds_views: WebDataset(zero_copy=True)
 BUCKET = "bench"
 KEY, SECRET = "bench-key", "bench-secret"
 CHUNK = 16 << 20
@@ -198,16 +200,18 @@ def read_with(loader: str, url: str, cache: str, endpoint: str, warm_passes: int
     shutil.rmtree(cache, ignore_errors=True)
     os.makedirs(cache)
     made: list[Any] = []
-    if loader == "wds_cloud":
+    if loader in ("wds_cloud", "wds_views"):
         import wds_cloud
 
+        views = loader == "wds_views"
         options = {"key": KEY, "secret": SECRET, "endpoint_url": endpoint,
                    "config_kwargs": {"response_checksum_validation": "when_required",
                                      "request_checksum_calculation": "when_required"}}
 
         def build() -> Any:
             made.append(wds_cloud.WebDataset(url, shardshuffle=False, cache_dir=cache,
-                                              storage_options={"s3": options}))
+                                              storage_options={"s3": options},
+                                              zero_copy=views))
             return made[0]
     elif loader == "litdata":
         import litdata
@@ -238,6 +242,7 @@ def read_with(loader: str, url: str, cache: str, endpoint: str, warm_passes: int
                                                    batch_size=1))
             return made[0]
     first, cold, count, nbytes = _epoch(build)
+    _KINDS.clear()  # what a warm epoch hands out (a cold one may differ: a filling cache)
     warm = [_epoch(lambda: made[0]) for _ in range(warm_passes)]
     again = None
     if loader == "wds_cloud":  # a second cold start in this process: its S3 client is set up
@@ -321,6 +326,28 @@ def local_ratio(paths: list[Path], rounds: int) -> str:
             f"{plain:,.0f} MB/s of tar bytes: {wds / plain:.2f}× (target ≥ 0.5×)")
 
 
+def copy_floor(paths: list[Path], count: int, rounds: int) -> str:
+    """What handing out ``bytes`` costs at the least: one ``os.pread`` of each member's data
+    out of the tar files, at offsets found beforehand (no parsing, no samples): a line."""
+    members = []
+    for path in paths:
+        with tarfile.open(path) as tar:
+            members.append((path, [(m.size, m.offset_data) for m in tar.getmembers()]))
+    times = []
+    for _ in range(max(rounds, 3)):
+        start = time.perf_counter()
+        for path, spans in members:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                for size, offset in spans:
+                    os.pread(fd, size, offset)
+            finally:
+                os.close(fd)
+        times.append(time.perf_counter() - start)
+    return (f"the copy alone (one pread per member of the local files, nothing parsed): "
+            f"{statistics.median(times) / count * 1e6:.1f} µs a sample")
+
+
 def _load() -> str:
     return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
@@ -335,8 +362,8 @@ def bench(workload: str, root: Path, endpoint: str, peers: str | None, rounds: i
     urls = {"wds_cloud": f"s3://{BUCKET}/wds-{workload}/shard-{{0000..{shards - 1:04d}}}.tar",
             "litdata": f"s3://{BUCKET}/litdata-{workload}",
             "mosaic": f"s3://{BUCKET}/mosaic-{workload}"}
-    loaders = ["wds_cloud"] + (["baseline"] if baseline else [])
-    urls["baseline"] = urls["wds_cloud"]
+    loaders = ["wds_cloud", "wds_views"] + (["baseline"] if baseline else [])
+    urls["baseline"] = urls["wds_views"] = urls["wds_cloud"]
     for peer in chosen:
         if peers is None:
             continue
@@ -353,7 +380,8 @@ def bench(workload: str, root: Path, endpoint: str, peers: str | None, rounds: i
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in loaders}
     for r in range(rounds):
         for name in loaders[r % len(loaders):] + loaders[:r % len(loaders)]:
-            python = sys.executable if name in ("wds_cloud", "baseline") else peers
+            python = sys.executable if name in ("wds_cloud", "wds_views", "baseline") \
+                else peers
             assert python is not None
             loader = "wds_cloud" if name == "baseline" else name
             argv = [python, str(HERE), "--peer", loader, "--read", urls[name], "--cache",
@@ -365,6 +393,7 @@ def bench(workload: str, root: Path, endpoint: str, peers: str | None, rounds: i
             except Exception as exc:
                 print(f"{workload}: {name}: round {r + 1} failed: {exc}", flush=True)
     lines = [_report(workload, results, count)]
+    lines.append(f"{workload}: " + copy_floor(paths, count, 1 if quick else rounds))
     lines.append(f"{workload}: " + local_ratio(paths, 1 if quick else rounds))
     for line in lines:
         print(line, flush=True)
@@ -393,8 +422,11 @@ def _report(workload: str, results: dict[str, list[dict[str, Any]]], count: int)
         return f"{workload}: no ratio (peers not measured)"
     litdata = peers.get("litdata")
     best_cold = min(v["cold"] for v in peers.values())
+    views = medians.get("wds_views")
     warm = f"warm {litdata['warm'] / ours['warm']:.2f}× LitData's (target ≥ 1.0×)" \
         if litdata else "warm: LitData not measured"
+    if litdata and views:
+        warm += f", {litdata['warm'] / views['warm']:.2f}× with zero_copy=True"
     if "baseline" in medians:
         base = medians["baseline"]
         print(f"{workload}: wds_cloud against the baseline: warm "

@@ -53,6 +53,8 @@ def fast_batch(buf: Any, pos: int, *, vectorize: bool = True, far: Far | None = 
     pos, large = _walk(buf, pos, members, headers, extended, _PROBE, far, view, base)
     if vectorize and len(members) == _PROBE and pos - start <= _PROBE * _DENSE_BLOCKS * BLOCK:
         pos = _walk_dense(buf, pos, members, headers, extended, view, base)
+    elif len(members) < _PROBE:  # the walk stopped before its count: it would stop again
+        return members, headers, extended, pos, large
     pos, more = _walk(buf, pos, members, headers, extended, len(buf), far, view, base)
     return members, headers, extended, pos, large + more
 

@@ -220,7 +220,8 @@ def _shard_samples(
                 prefix, suffix = split
             suffix = suffix.lower()
             if prefix != key:
-                if current and valid_sample(current):  # (empty after an early hand-on)
+                # (empty after an early hand-on; valid_sample's check, inlined: hot loop)
+                if current and not current.get("__bad__", False):
                     if cursor is not None:
                         cursor.boundary(batch, j)
                     yield current
