@@ -18,9 +18,9 @@ __all__ = ["READ_AT_MIN", "Far", "Member", "fast_batch", "fast_extended"]
 
 Member = tuple[str, "bytes | memoryview"]  # bytes, or views of a mapped file (zero-copy)
 #: reads member data out of the file rather than the buffer: ``(size, offset)`` (the offset in
-#: the file, from where reading began) -> the data (``bytes``, or a view), None where the file
-#: holds less than the data and its padding (the general path then reports the damage)
-Far = Callable[[int, int], "bytes | memoryview | None"]
+#: the file, from where reading began) -> the data, None where the file holds less than the
+#: data and its padding (the general path then reports the damage)
+Far = Callable[[int, int], "bytes | None"]
 
 READ_AT_MIN = 1 << 16  # members this large are read with ``far`` when there is one
 

@@ -427,8 +427,8 @@ def _file_batches(reader: _Reader, marks: list[Marks] | None) -> Iterator[list[M
     """The loop of :func:`iter_member_batches` over a regular file (:mod:`.positional`):
     windows of headers and small members read where the next header is, each as large as
     twice what the last one held of them (from :data:`_MIN_WINDOW` to a chunk, the first
-    :data:`_FIRST_WINDOW`); the data of
-    large members, and of those that run past a window, read on their own (``reader.far``)."""
+    :data:`_FIRST_WINDOW`); the data of large members, and of those that run past a window,
+    read on their own (``reader.far``), or every member's sliced out of ``reader.view``."""
     read = reader.read
     assert isinstance(read, FileRead)
     size = min(reader.chunk, _FIRST_WINDOW)
@@ -442,15 +442,13 @@ def _file_batches(reader: _Reader, marks: list[Marks] | None) -> Iterator[list[M
                                                    far=reader.far, view=reader.view,
                                                    base=reader.off)
         if headers:
-            bad = first_bad_header(buf, headers + extended if extended else headers,
-                                   vectorize=vectorize)
             if marks is not None:
                 marks[0] = (reader.off + start, reader.off, headers, False)
-            if bad >= 0:
-                good = bisect.bisect_left(headers, bad)  # members before the bad header
+            good, error = _checked(reader, buf, headers, extended, vectorize)
+            if error is not None:
                 if good:
                     yield batch[:good]
-                raise reader.error(_BAD_CHECKSUM, at=reader.off + bad)
+                raise error
             reader.pos = pos
             yield batch
             held = min(pos, len(buf)) - start - large  # what headers and small members took
@@ -466,6 +464,16 @@ def _file_batches(reader: _Reader, marks: list[Marks] | None) -> Iterator[list[M
             yield [item]  # type: ignore[list-item]
 
 
+def _checked(reader: _Reader, buf: bytes, headers: list[int], extended: list[int],
+             vectorize: bool) -> tuple[int, ShardFormatError | None]:
+    """``(members before the first bad header, its error)`` for the headers (and the extended
+    headers before them) at those offsets of ``buf``; ``(len(headers), None)`` when all hold."""
+    bad = first_bad_header(buf, headers + extended if extended else headers, vectorize=vectorize)
+    if bad < 0:
+        return len(headers), None
+    return bisect.bisect_left(headers, bad), reader.error(_BAD_CHECKSUM, at=reader.off + bad)
+
+
 def _batches(reader: _Reader, compressed: bool, marks: list[Marks] | None,
              following: Following | None) -> Iterator[list[Member]]:
     """The loop of :func:`iter_member_batches` over a stream."""
@@ -478,15 +486,13 @@ def _batches(reader: _Reader, compressed: bool, marks: list[Marks] | None,
             batch, headers, extended, reader.pos, _ = fast_batch(buf, start,
                                                                  vectorize=vectorize)
             if headers:
-                bad = first_bad_header(buf, headers + extended if extended else headers,
-                                       vectorize=vectorize)
                 if marks is not None:
                     marks[0] = (reader.off + start, reader.off, headers, compressed)
-                if bad >= 0:
-                    good = bisect.bisect_left(headers, bad)  # members before the bad header
+                good, error = _checked(reader, buf, headers, extended, vectorize)
+                if error is not None:
                     if good:
                         yield batch[:good]
-                    raise reader.error(_BAD_CHECKSUM, at=reader.off + bad)
+                    raise error
                 yield batch
         else:
             yield from _large_members(reader, marks, compressed, following)
