@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 
@@ -24,6 +25,7 @@ def _shares(line: str) -> list[tuple[float, float]]:
     return pairs
 
 
+@pytest.mark.slow
 def test_demo_runs_the_whole_product(tmp_path: Path) -> None:
     out = cli("demo", "--dir", str(tmp_path), "--per-shard", "200", "--batch-size", "20",
               "--workers", "2", cwd=tmp_path)

@@ -3,9 +3,9 @@ workers (WebLoader or torchdata's StatefulDataLoader) and writes the keys and so
 batch to ``OUT``:
 
 - ``full``: two whole epochs;
-- ``stop K1,K2,...``: for each K in turn a new loader saves its state after K batches to
-  ``STATE-K``; after the last K the job dies (``os._exit``, its workers killed), nothing closed
-  or flushed;
+- ``stop K1,K2,...``: first two whole epochs, as ``full`` (a loader of its own), then for each K
+  in turn a new loader saves its state after K batches to ``STATE-K``; after the last K the job
+  dies (``os._exit``, its workers killed), nothing closed or flushed;
 - ``resume K1,K2,...``: for each K a new loader loads ``STATE-K`` and goes on to the end.
 
 One process serves every K (a new loader, new workers, for each): the interpreter and torch
@@ -53,7 +53,7 @@ def run(loader: Any, first_epoch: int, stop: int | None, state_file: str) -> dic
 def main(spec: str, loader_kind: str, mode: str, out: str, state_file: str, ks: str) -> None:
     stops = [int(k) for k in ks.split(",")]
     results: dict[str, Any] = {}
-    if mode == "full":
+    if mode in ("full", "stop"):
         results["full"] = run(make_loader(spec, loader_kind), 0, None, state_file)
     for i, k in enumerate(stops if mode != "full" else []):
         loader, first_epoch = make_loader(spec, loader_kind), 0

@@ -40,6 +40,7 @@ def s3_datasets(store_factory: Callable[[str], Store]) -> Store:
     return store
 
 
+@pytest.mark.slow
 def test_nested_metadatasets_blend_by_weight_with_subflavors_on_s3(
         s3_datasets: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The docs' three-way blend (5/2/1), nested inside another metadataset (weight 4, with

@@ -41,7 +41,8 @@ def spec_file(store_factory: Callable[[str], Store], tmp_path: Path) -> Path:
 
 def _run(spec: Path, loader: str, mode: str, tmp: Path, stops: list[int] | None = None
          ) -> dict[str, Any]:
-    """``resume_worker.py`` in a new process: the full run, or one run per stop point."""
+    """``resume_worker.py`` in a new process: the full run and one run per stop point, or one
+    run per stop point resumed."""
     ks = ",".join(map(str, stops or [0]))
     out, state = tmp / f"{loader}-{mode}.json", tmp / f"{loader}.state"
     log = tmp / f"{loader}-{mode}.log"
@@ -57,13 +58,14 @@ def _run(spec: Path, loader: str, mode: str, tmp: Path, stops: list[int] | None 
 @pytest.mark.parametrize("loader", ["webloader", "stateful"])
 def test_a_restored_run_goes_on_with_the_batches_of_the_uninterrupted_one(
         spec_file: Path, tmp_path: Path, loader: str) -> None:
-    full = _run(spec_file, loader, "full", tmp_path)["full"]["stream"]
-    assert len(full) == 2 * BATCHES
-    assert len({key for keys, _ in full for key in keys}) > 1000
     # early, mid-shard in the buffer's growth, right at and right after an epoch's end; the
-    # states are saved in one process (killed after the last) and restored in another
+    # states are saved in one process (killed after the last), after its uninterrupted run
+    # (a loader of its own), and restored in another
     ks = [3, 37, BATCHES, BATCHES + 1] if loader == "webloader" else [37, BATCHES + 1]
     stopped = _run(spec_file, loader, "stop", tmp_path, ks)
+    full = stopped["full"]["stream"]
+    assert len(full) == 2 * BATCHES
+    assert len({key for keys, _ in full for key in keys}) > 1000
     resumed = _run(spec_file, loader, "resume", tmp_path, ks)
     for k in ks:
         assert stopped[str(k)]["stream"] == full[:k]

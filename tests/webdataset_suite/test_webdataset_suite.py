@@ -44,6 +44,7 @@ def rundir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_webdataset_own_suite_passes(rundir: Path) -> None:
     report = rundir / "report.xml"
     cmd = [
