@@ -43,7 +43,8 @@ use it or refuse it:
   through a memory map) as ``memoryview`` slices of the map instead of ``bytes``: no copy,
   for consumers that take any buffer (``np.frombuffer``, ``torch.frombuffer``); each view
   keeps its shard's map open while it lives, ``decode()`` turns views into ``bytes`` for its
-  handlers, and other shards (remote, compressed, piped) still give ``bytes``.
+  handlers; members are ``bytes`` in DataLoader workers (their items are pickled) and from
+  other shards (remote, compressed, piped).
 
 As webdataset's module path ``webdataset.tariterators`` (an alias of this module) it also holds
 ``meta_prefix``, ``meta_suffix``, ``shardlist`` and ``trace``; the debugging switch that

@@ -94,11 +94,10 @@ class MemberReader:
         if have >= size:
             pos = self.pos
             self.pos = pos + size
-            data: bytes | memoryview | None = None
-            if self.view is not None and entry is None:
-                at = self.off + pos
-                data = self.view[at:at + size]
-            if data is None:
+            data: bytes | memoryview
+            if self.view is not None and entry is None:  # a member of a regular file: a view
+                data = self.view[self.off + pos:self.off + pos + size]
+            else:
                 data = self.buf[pos:pos + size]
         else:
             data = self._read_direct(size, member, header_at, entry)

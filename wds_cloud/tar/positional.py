@@ -32,7 +32,7 @@ import os
 import stat
 from typing import Any
 
-from .header import BLOCK
+from .header import BLOCK, padded
 
 __all__ = ["FileRead", "file_view", "positional"]
 
@@ -65,7 +65,7 @@ class FileRead:
         """A member's data: ``size`` bytes from ``offset``, the position left alone (None where
         the file held less than the data and its padding when it was handed over, or holds
         less now)."""
-        if offset + (size + BLOCK - 1) // BLOCK * BLOCK > self.limit:
+        if offset + padded(size) > self.limit:
             return None
         data = os.pread(self.fd, size, self.start + offset)
         return data if len(data) == size else None
