@@ -7,6 +7,7 @@ import sys
 import threading
 
 import pytest
+from zygote import Zygote, shared
 
 pytest_plugins = ["stores.fixtures", "stores.plainhttp"]  # real test servers, on first use
 
@@ -55,6 +56,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     The order is the same in every worker, as xdist requires.
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+
+
+@pytest.fixture(scope="session")
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Zygote:
+    """New Python processes forked from one that has imported torch and the cloud SDKs
+    (tests/zygote.py), shared by the run's pytest-xdist workers."""
+    base = tmp_path_factory.getbasetemp()
+    return shared(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
 
 
 @pytest.fixture(autouse=True)

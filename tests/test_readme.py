@@ -5,8 +5,8 @@ The blocks run one after the other in a fresh directory that looks like a clone 
 (``export``, ``cd``) carried to the next, and with nothing of the caller's ``WDS_*`` settings:
 
 - ``bash`` blocks run with ``bash -euo pipefail``; ``python`` blocks with this interpreter,
-  as ``python -c`` runs them, in a process forked from a template that has imported the
-  heavy third-party modules (torch, the cloud SDKs) once, not wds_cloud (``Template``);
+  as ``python -c`` runs them, in a process forked from a zygote that has imported the
+  heavy third-party modules (torch, the cloud SDKs) once, not wds_cloud (tests/zygote.py);
   a block whose first line is ``# NAME.py`` or ``# NAME.yaml`` is written to ``NAME`` (and a
   ``.yaml`` one is loaded as a dataset spec), not run: later blocks run it.
 - The README's servers are the ones its text names, on the ports of ``docker/compose.yaml``:
@@ -24,14 +24,11 @@ The blocks run one after the other in a fresh directory that looks like a clone 
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -42,6 +39,7 @@ from typing import Any
 
 import pytest
 import yaml
+from zygote import Zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -91,73 +89,22 @@ def _wait_port(port: int, what: Block, timeout: float = 30) -> None:
     raise AssertionError(f"{what}: nothing listens on port {port} after {timeout} s")
 
 
-#: what the templates of python blocks import (third-party modules only, never wds_cloud)
-_NETWORK = ["yaml", "tqdm", "fsspec", "aiohttp", "botocore.session", "aiobotocore.session",
-            "s3fs", "gcsfs", "adlfs"]
-TEMPLATE_MODULES = {"plain": _NETWORK, "torch": [*_NETWORK, "numpy", "PIL.Image", "torch"]}
-
-
-class Template:
-    """A process of tests/readme_template.py: each :meth:`run` forks a child of it that runs
-    a python block as ``python -c`` would, with the block's environment and directory."""
-
-    def __init__(self, modules: list[str], env: dict[str, str], log: Path) -> None:
-        source = (Path(__file__).with_name("readme_template.py")).read_text()
-        request_r, self._request = os.pipe()
-        self._reply, reply_w = os.pipe()
-        with log.with_suffix(".log").open("wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", source, str(request_r), str(reply_w), *modules],
-                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                pass_fds=(request_r, reply_w), start_new_session=True)
-        os.close(request_r)
-        os.close(reply_w)
-        self.log = log.with_suffix(".log")
-
-    def _line(self, deadline: float, what: str) -> str:
-        line = b""
-        while not line.endswith(b"\n"):
-            ready, _, _ = select.select([self._reply], [], [], max(0, deadline - time.monotonic()))
-            chunk = os.read(self._reply, 1) if ready else b""
-            if not chunk:
-                raise AssertionError(f"{what}: no answer from the template:\n"
-                                     f"{self.log.read_text(errors='replace')[-4000:]}")
-            line += chunk
-        return line.decode()
-
-    def run(self, text: str, env: dict[str, str], cwd: Path, log: Path, what: str) -> int:
-        request = json.dumps({"text": text, "env": env, "cwd": str(cwd),
-                              "log": str(log)}).encode()
-        os.write(self._request, struct.pack("!I", len(request)) + request)
-        deadline = time.monotonic() + BLOCK_TIMEOUT
-        pid = int(self._line(deadline, what))
-        try:
-            return int(self._line(deadline, what))
-        except AssertionError:
-            if time.monotonic() < deadline:
-                raise
-            os.killpg(pid, signal.SIGKILL)
-            raise subprocess.TimeoutExpired(f"{what}", BLOCK_TIMEOUT) from None
-
-    def stop(self) -> None:
-        os.close(self._request)  # the template exits at the end of its requests
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        os.close(self._reply)
+#: what the zygote of python blocks that use neither torch nor WebLoader imports (third-party
+#: modules only, never wds_cloud); the others come from the run's zygote (tests/zygote.py)
+PLAIN = ["yaml", "tqdm", "fsspec", "aiohttp", "botocore.session", "aiobotocore.session",
+         "s3fs", "gcsfs", "adlfs"]
 
 
 class Reader:
     """Runs blocks as a reader would, in ``workdir``, carrying the environment along."""
 
-    def __init__(self, workdir: Path, env: dict[str, str], ports: dict[int, int]) -> None:
+    def __init__(self, workdir: Path, env: dict[str, str], ports: dict[int, int],
+                 zygote: Zygote) -> None:
         self.cwd = workdir
         self.env = env
         self.ports = ports
         self.background: list[subprocess.Popen[bytes]] = []
-        self.templates: dict[str, Template] = {}
+        self.zygotes: dict[str, Zygote] = {"torch": zygote}
         self.logs = workdir.parent / "logs"
         self.logs.mkdir(exist_ok=True)
 
@@ -206,16 +153,19 @@ class Reader:
         assert "Traceback" not in output, f"{block} printed a traceback:\n{output[-4000:]}"
 
     def _python(self, block: Block, text: str) -> None:
-        """Runs ``python -c text`` in a child forked from a template that has imported the
+        """Runs ``python -c text`` in a child forked from a zygote that has imported the
         third-party modules a block that uses torch imports (~2.5 s of CPU a process); a block
-        that names neither torch nor WebLoader gets a template without torch and numpy, whose
+        that names neither torch nor WebLoader gets a zygote without torch and numpy, whose
         presence wds_cloud notices (``sys.modules``)."""
         kind = "torch" if re.search(r"\btorch\b|WebLoader", text) else "plain"
-        if kind not in self.templates:
-            self.templates[kind] = Template(TEMPLATE_MODULES[kind], self.env, self.logs / kind)
+        if kind not in self.zygotes:
+            self.zygotes[kind] = Zygote(self.logs / f"{kind}.ready", PLAIN, env=self.env)
         log = self.logs / f"line{block.line}.log"
-        returncode = self.templates[kind].run(text, self.env, self.cwd, log, str(block))
-        self._check(block, returncode, log)
+        with log.open("wb") as out:
+            done = self.zygotes[kind].run([sys.executable, "-c", text], env=self.env,
+                                          cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=out,
+                                          stderr=subprocess.STDOUT, timeout=BLOCK_TIMEOUT)
+        self._check(block, done.returncode, log)
 
     def _bash(self, block: Block, text: str) -> None:
         state = self.logs / "state"
@@ -235,8 +185,8 @@ class Reader:
         _wait_port(port, block)
 
     def stop(self) -> None:
-        for template in self.templates.values():
-            template.stop()
+        if "plain" in self.zygotes:
+            self.zygotes["plain"].stop()
         for proc in self.background:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -263,8 +213,8 @@ def _environment(venv_bin: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def reader(tmp_path: Path, gcs_server: Any, azure_server: Any,
-           ais_server: Any) -> Iterator[Reader]:
+def reader(tmp_path: Path, gcs_server: Any, azure_server: Any, ais_server: Any,
+           zygote: Zygote) -> Iterator[Reader]:
     from urllib.parse import urlparse
 
     gcs_server.new_store("shards")
@@ -276,7 +226,7 @@ def reader(tmp_path: Path, gcs_server: Any, azure_server: Any,
     _clone_like(tmp_path / "clone")
     env = _environment(Path(sys.executable).parent)
     env["HOME"] = str(tmp_path / "home")  # ~/.cache/... of the README stays in here
-    runner = Reader(tmp_path / "clone", env, ports)
+    runner = Reader(tmp_path / "clone", env, ports, zygote)
     try:
         yield runner
     finally:

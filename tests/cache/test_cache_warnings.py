@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 from cachetools import make_shard, sample_digest, settled
+from zygote import Zygote
 
 import wds_cloud as wds
 
@@ -78,20 +78,21 @@ _RUN = textwrap.dedent("""
 """)
 
 
-def _run(urls: list[str], cache: Path) -> list[str]:
-    """One training run (3 epochs, 2 workers) in its own process: its warning lines."""
-    done = subprocess.run([sys.executable, "-c", _RUN, ",".join(urls), str(cache), str(LIMIT)],
-                          capture_output=True, text=True, timeout=300)
+def _run(zygote: Zygote, urls: list[str], cache: Path) -> list[str]:
+    """One training run (3 epochs, 2 workers) in its own process (forked from the zygote): its
+    warning lines."""
+    done = zygote.run([sys.executable, "-c", _RUN, ",".join(urls), str(cache), str(LIMIT)],
+                      capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0", "16", "1", "16", "2", "16"]
     return [line for line in done.stderr.splitlines() if line.startswith("WARNING")]
 
 
-def test_dataloader_workers_name_each_shard_once_per_run(tmp_path: Path) -> None:
+def test_dataloader_workers_name_each_shard_once_per_run(tmp_path: Path, zygote: Zygote) -> None:
     urls, _ = _shards(tmp_path / "shards", 4)
     cache = tmp_path / "cache"
     for _ in range(2):  # a second run is told again
-        lines = _run(urls, cache)
+        lines = _run(zygote, urls, cache)
         assert len(lines) == 4, lines
         assert all(line.startswith("WARNING wds_cloud.cache: ") for line in lines)
         named = sorted(re.sub(r"^WARNING wds_cloud.cache: (\S+) \(.*", r"\1", line)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from shardgen import write_tar
 from stores import Store
+from zygote import Zygote
 
 import wds_cloud as wds
 from wds_cloud.router import gopen
@@ -28,10 +29,11 @@ ON = Settings.from_env({"GOPEN_VERBOSE": "1"})
 PIDS = re.compile(r"\[(-?\d+|None) \d+:\d+\]")
 
 
-def _run(code: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-u", "-c", textwrap.dedent(code), *args],
-                          capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "GOPEN_VERBOSE": "1", **env})
+def _run(zygote: Zygote, code: str, *args: str, **env: str
+         ) -> subprocess.CompletedProcess[str]:
+    return zygote.run([sys.executable, "-u", "-c", textwrap.dedent(code), *args],
+                      capture_output=True, text=True, timeout=240,
+                      env={**os.environ, "GOPEN_VERBOSE": "1", **env})
 
 
 def _lines(text: str) -> list[str]:
@@ -66,11 +68,11 @@ REFERENCE = """
 """
 
 
-def test_gopen_says_what_webdataset_says(tmp_path: Path) -> None:
+def test_gopen_says_what_webdataset_says(tmp_path: Path, zygote: Zygote) -> None:
     (tmp_path / "a.txt").write_bytes(b"twelve bytes")
     env = {"GOPEN_REWRITE": f"/rewritten-by-rule/={tmp_path}/"}
-    theirs = _run(REFERENCE, "webdataset", str(tmp_path), "webdataset.gopen", **env)
-    ours = _run(REFERENCE, "wds_cloud", str(tmp_path), "wds_cloud.router", **env)
+    theirs = _run(zygote, REFERENCE, "webdataset", str(tmp_path), "webdataset.gopen", **env)
+    ours = _run(zygote, REFERENCE, "wds_cloud", str(tmp_path), "wds_cloud.router", **env)
     assert theirs.returncode == 0, theirs.stderr
     assert ours.returncode == 0, ours.stderr
     pid = int(ours.stdout.split()[-1])
@@ -214,12 +216,12 @@ LOADER = """
 """
 
 
-def test_webloader_workers_say_their_shards(tmp_path: Path) -> None:
+def test_webloader_workers_say_their_shards(tmp_path: Path, zygote: Zygote) -> None:
     data = _shard(tmp_path)
     for i in range(4):
         (tmp_path / f"s-{i}.tar").write_bytes(data)
-    theirs = _run(LOADER, "webdataset", str(tmp_path), WDS_READAHEAD="2")
-    ours = _run(LOADER, "wds_cloud", str(tmp_path), WDS_READAHEAD="2")
+    theirs = _run(zygote, LOADER, "webdataset", str(tmp_path), WDS_READAHEAD="2")
+    ours = _run(zygote, LOADER, "wds_cloud", str(tmp_path), WDS_READAHEAD="2")
     assert theirs.returncode == 0, theirs.stderr
     assert ours.returncode == 0, ours.stderr
     assert ours.stdout.split()[:2] == theirs.stdout.split()[:2] == ["samples", "12"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import pytest
 import yaml
 from shardgen import put_source
 from stores.base import Store
+from zygote import Zygote
 
 from wds_cloud.spec import DatasetSpec
 
@@ -47,14 +47,16 @@ def _spec(store: Store, tmp: Path, name: str, weights: dict[str, float] | None) 
     return path
 
 
-def _phase(exact: Path, mix: Path, out: Path, n: int, state: Path | None) -> list[Any]:
+def _phase(zygote: Zygote, exact: Path, mix: Path, out: Path, n: int, state: Path | None
+           ) -> list[Any]:
+    """One torchrun launch (its launcher forked from the zygote, its ranks new interpreters)."""
     ranks, workers, batch, exact_steps, mix_steps = PHASES[n]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={ranks}", str(WORKER), str(exact), str(mix), str(out), str(n),
            str(workers), str(batch), str(exact_steps), str(mix_steps)]
     cmd += [str(state)] if state else []
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = zygote.run(cmd, capture_output=True, text=True, timeout=300,
+                      env={**os.environ, "OMP_NUM_THREADS": "1"})
     killed = exact_steps >= 0  # the ranks kill themselves, as a preempted job
     assert (done.returncode != 0) == killed, done.stderr[-3000:]
     assert (out / f"{n}.state").exists(), done.stderr[-3000:]
@@ -63,7 +65,7 @@ def _phase(exact: Path, mix: Path, out: Path, n: int, state: Path | None) -> lis
 
 @pytest.mark.slow
 def test_a_job_killed_and_resumed_in_two_other_shapes_reads_the_epoch_exactly_once(
-        store_factory: Callable[[str], Store], tmp_path: Path) -> None:
+        store_factory: Callable[[str], Store], tmp_path: Path, zygote: Zygote) -> None:
     s3 = store_factory("s3")
     exact = _spec(s3, tmp_path, "exact", None)
     weights = {"a": 0.5, "b": 0.3, "c": 0.2}
@@ -72,7 +74,7 @@ def test_a_job_killed_and_resumed_in_two_other_shapes_reads_the_epoch_exactly_on
     out.mkdir()
     records = []
     for n in range(len(PHASES)):
-        records.append(_phase(exact, mix, out, n, out / f"{n - 1}.state" if n else None))
+        records.append(_phase(zygote, exact, mix, out, n, out / f"{n - 1}.state" if n else None))
 
     keys = Counter(key for phase in records for rank in phase for key, _ in rank["exact"])
     every = {f"{source}{s:02d}-{i:04d}" for source, (shards, per) in SIZES.items()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import pickle
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import yaml
 from shardgen import put_source, three_source_spec, write_tar
 from stores.base import Store
+from zygote import Zygote
 
 import wds_cloud as wds
 from wds_cloud.tar import DIRECT_MIN
@@ -39,16 +39,16 @@ def spec_file(store_factory: Callable[[str], Store], tmp_path: Path) -> Path:
                              seed=7, sizes=((6, 300), (4, 200), (3, 150)), members=_members)
 
 
-def _run(spec: Path, loader: str, mode: str, tmp: Path, stops: list[int] | None = None
-         ) -> dict[str, Any]:
-    """``resume_worker.py`` in a new process: the full run and one run per stop point, or one
-    run per stop point resumed."""
+def _run(zygote: Zygote, spec: Path, loader: str, mode: str, tmp: Path,
+         stops: list[int] | None = None) -> dict[str, Any]:
+    """``resume_worker.py`` in a new process (forked from the zygote): the full run and one run
+    per stop point, or one run per stop point resumed."""
     ks = ",".join(map(str, stops or [0]))
     out, state = tmp / f"{loader}-{mode}.json", tmp / f"{loader}.state"
     log = tmp / f"{loader}-{mode}.log"
     with log.open("w") as stderr:  # a file, not a pipe: a killed job leaves no reader waiting
-        done = subprocess.run([sys.executable, str(WORKER), str(spec), loader, mode, str(out),
-                               str(state), ks], stdout=stderr, stderr=stderr, timeout=300)
+        done = zygote.run([sys.executable, str(WORKER), str(spec), loader, mode, str(out),
+                           str(state), ks], stdout=stderr, stderr=stderr, timeout=300)
     assert done.returncode == 0, log.read_text()[-3000:]
     result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -57,16 +57,16 @@ def _run(spec: Path, loader: str, mode: str, tmp: Path, stops: list[int] | None 
 @pytest.mark.slow
 @pytest.mark.parametrize("loader", ["webloader", "stateful"])
 def test_a_restored_run_goes_on_with_the_batches_of_the_uninterrupted_one(
-        spec_file: Path, tmp_path: Path, loader: str) -> None:
+        spec_file: Path, tmp_path: Path, loader: str, zygote: Zygote) -> None:
     # early, mid-shard in the buffer's growth, right at and right after an epoch's end; the
     # states are saved in one process (killed after the last), after its uninterrupted run
     # (a loader of its own), and restored in another
     ks = [3, 37, BATCHES, BATCHES + 1] if loader == "webloader" else [37, BATCHES + 1]
-    stopped = _run(spec_file, loader, "stop", tmp_path, ks)
+    stopped = _run(zygote, spec_file, loader, "stop", tmp_path, ks)
     full = stopped["full"]["stream"]
     assert len(full) == 2 * BATCHES
     assert len({key for keys, _ in full for key in keys}) > 1000
-    resumed = _run(spec_file, loader, "resume", tmp_path, ks)
+    resumed = _run(zygote, spec_file, loader, "resume", tmp_path, ks)
     for k in ks:
         assert stopped[str(k)]["stream"] == full[:k]
         assert stopped[str(k)]["stream"] + resumed[str(k)]["stream"] == full, (

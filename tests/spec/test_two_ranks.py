@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 from shardgen import three_source_spec
 from stores.base import Store
+from zygote import Zygote
 
 from wds_cloud.spec import DatasetSpec
 
@@ -34,21 +34,23 @@ def spec_file(store_factory: Callable[[str], Store], tmp_path: Path) -> Path:
                              seed=0, sizes=((10, 500), (10, 300), (5, 200)), members=_members)
 
 
-def _torchrun(spec: Path, out: Path, seed: int, mode: str = "") -> list[dict[str, Any]]:
+def _torchrun(zygote: Zygote, spec: Path, out: Path, seed: int, mode: str = ""
+              ) -> list[dict[str, Any]]:
+    """torchrun's launcher, forked from the zygote; its ranks are new interpreters."""
     out.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(WORKER), str(spec), str(out), str(seed), str(EPOCHS), str(BATCH),
            str(PER_WORKER), mode]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    done = zygote.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.mark.slow
-def test_two_ranks_equal_steps_shares_and_reproducible_streams(spec_file: Path,
-                                                               tmp_path: Path) -> None:
-    ranks = _torchrun(spec_file, tmp_path / "run1", seed=42)
+def test_two_ranks_equal_steps_shares_and_reproducible_streams(spec_file: Path, tmp_path: Path,
+                                                               zygote: Zygote) -> None:
+    ranks = _torchrun(zygote, spec_file, tmp_path / "run1", seed=42)
     steps = [[e["steps"] for e in r["epochs"]] for r in ranks]
     assert steps[0] == steps[1] == [2 * PER_WORKER] * EPOCHS  # DDP would not hang
     streams = [[tuple(x) for e in r["epochs"] for x in e["stream"]] for r in ranks]
@@ -83,8 +85,8 @@ def test_two_ranks_equal_steps_shares_and_reproducible_streams(spec_file: Path,
 
     # stopped mid-epoch, resumed by a new torchrun: both ranks go on with the same stream (so a
     # new job with the same seed gives the same streams up to the stop, and after it)
-    stopped = _torchrun(spec_file, tmp_path / "run2", seed=42, mode="stop:37")
-    resumed = _torchrun(spec_file, tmp_path / "run2", seed=42, mode="resume")
+    stopped = _torchrun(zygote, spec_file, tmp_path / "run2", seed=42, mode="stop:37")
+    resumed = _torchrun(zygote, spec_file, tmp_path / "run2", seed=42, mode="resume")
     for r in range(2):
         head = [tuple(x) for e in stopped[r]["epochs"] for x in e["stream"]]
         tail = [tuple(x) for e in resumed[r]["epochs"] for x in e["stream"]]

@@ -3,7 +3,8 @@ requests after its DataLoader workers ran (whatever it did with the store before
 neither stall nor make the workers print asyncio errors, and a stream left open at exit never
 keeps the interpreter from ending.
 
-Each case runs ``forkexit_child.py`` in a new interpreter: in this test process earlier tests
+Each case runs ``forkexit_child.py`` in a new process, forked from the zygote (tests/zygote.py:
+torch and the SDKs imported, nothing of wds_cloud run): in this test process earlier tests
 have long made clients and installed the fork hooks, which would hide the bugs."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from zygote import Zygote
 
 from stores.base import Store
 from wds_cloud.testing.contract import tar_bytes
@@ -32,13 +34,12 @@ RUN_CHILD = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')
 TIMEOUT = 5
 
 
-def _run_child(mode: str, cfg: dict[str, Any], store: Store, *,
+def _run_child(zygote: Zygote, mode: str, cfg: dict[str, Any], store: Store, *,
                limit: float) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **store.env, "WDS_TIMEOUT": str(TIMEOUT)}
     try:
-        return subprocess.run([sys.executable, "-c", RUN_CHILD, str(CHILD), mode,
-                               json.dumps(cfg)], env=env,
-                              capture_output=True, text=True, timeout=limit)
+        return zygote.run([sys.executable, "-c", RUN_CHILD, str(CHILD), mode, json.dumps(cfg)],
+                          env=env, capture_output=True, text=True, timeout=limit)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout
         what = cfg.get("url") or cfg.get("shards")
@@ -62,7 +63,7 @@ FORK_CASES = [("s3", ()), ("gs", ()), ("az", ()),
 
 @pytest.mark.parametrize(("name", "before"), FORK_CASES)
 def test_the_parents_requests_after_forked_workers_do_not_stall(
-    name: str, before: tuple[str, ...], store_factory: StoreFactory,
+    name: str, before: tuple[str, ...], store_factory: StoreFactory, zygote: Zygote,
 ) -> None:
     store = store_factory(name)
     keys = _seed_shards(store)
@@ -76,7 +77,7 @@ def test_the_parents_requests_after_forked_workers_do_not_stall(
         "before": list(before),
         "after": ["read", "write", "glob"] if listing else ["read", "write"],
     }
-    out = _run_child("fork", cfg, store, limit=90)
+    out = _run_child(zygote, "fork", cfg, store, limit=90)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "attached to a different loop" not in out.stderr, out.stderr[-3000:]
     assert "Task exception was never retrieved" not in out.stderr, out.stderr[-3000:]
@@ -91,7 +92,7 @@ def test_the_parents_requests_after_forked_workers_do_not_stall(
 @pytest.mark.parametrize("how", ["stream", "dataset"])
 @pytest.mark.parametrize("name", ["s3", "gs", "az", "http", "ais"])
 def test_a_stream_left_open_does_not_keep_the_process_from_exiting(
-    name: str, how: str, store_factory: StoreFactory,
+    name: str, how: str, store_factory: StoreFactory, zygote: Zygote,
 ) -> None:
     store = store_factory(name)
     payload = os.urandom(64 * 1024) * 128  # 8 MiB: far more than one read buffers
@@ -103,7 +104,7 @@ def test_a_stream_left_open_does_not_keep_the_process_from_exiting(
         url = store.url("big.bin")
     cfg = {"url": url, "storage_options": store.storage_options, "how": how}
     start = time.monotonic()
-    out = _run_child("abandon", cfg, store, limit=40)
+    out = _run_child(zygote, "abandon", cfg, store, limit=40)
     took = time.monotonic() - start
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == [str(len(payload)) if how == "dataset" else "1000"]
