@@ -23,7 +23,7 @@ from .fill import Cancelled, Fill
 
 __all__ = ["FINISH_TAIL", "TeeStream"]
 
-FINISH_TAIL = 1 << 20  # a reader closing this close to the end lets the download finish
+FINISH_TAIL = 4 << 20  # a reader closing this close to the end lets the download finish
 _SETTLE = 30.0  # seconds a reader at the end waits for the entry to be written and published
 
 
