@@ -105,13 +105,17 @@ def _serve(path: str, watch: int) -> tuple[dict[str, Any], list[int]]:
     waiting: dict[int, socket.socket] = {}
     importlib.invalidate_caches()
     while True:
-        ready, _, _ = select.select([listener.fileno(), wake_r], [], [], 1.0)
+        clients = {conn.fileno(): pid for pid, conn in waiting.items()}
+        ready, _, _ = select.select([listener.fileno(), wake_r, *clients], [], [], 1.0)
         try:
             os.kill(watch, 0)
         except ProcessLookupError:
             os._exit(0)
         if wake_r in ready:
             os.read(wake_r, 4096)
+        for fd in set(ready) & set(clients):  # the client hung up (killed): so does its child
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(clients[fd], signal.SIGKILL)
         while waiting:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -179,6 +183,9 @@ def _become(request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()  # type: ignore
     if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator anew
         sys.modules["numpy"].random.seed()
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if "torch" in sys.modules and threads.isdigit():  # read by torch's import, in a fresh one
+        sys.modules["torch"].set_num_threads(int(threads))
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
@@ -236,6 +243,12 @@ class Zygote:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(10)
+
+    def python(self) -> list[str]:
+        """A command that runs as ``python`` would, in a child of this zygote, for a launcher
+        that starts its children itself: ``torchrun --no-python *zygote.python() -u SCRIPT``.
+        """
+        return [sys.executable, __file__, "exec", str(self.path)]
 
     def forks(self, args: Sequence[str], env: dict[str, str]) -> bool:
         """Whether a child of this zygote can be ``args`` with ``env`` (else: subprocess)."""
@@ -364,7 +377,29 @@ def shared(base: Path, modules: Sequence[str] = HEAVY) -> Zygote:
         return Zygote(path, modules, watch=watch, start=not path.exists())
 
 
-if __name__ == "__main__":
+def _exec(ready: str, args: list[str]) -> None:
+    """``python zygote.py exec READY [-u] ARGS...``: this process as ``python [-u] ARGS...``
+    run by the zygote whose ready file is READY, for a launcher that starts its children
+    itself (``torchrun --no-python``): the child gets this process's environment, directory
+    and standard streams; the signals a launcher sends go to the child's process group; this
+    process ends as the child ended (the same exit code or signal); if it is killed, so is
+    the child."""
+    request = {"argv": args[1:] if args[0] == "-u" else args, "env": dict(os.environ),
+               "cwd": os.getcwd(), "unbuffered": args[0] == "-u"}
+    child = _Child(Path(ready), request, None, None, None)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda sig, _: os.killpg(child.pid, sig))
+    code = child.wait(None)
+    assert code is not None
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["exec"]:
+    _exec(sys.argv[2], sys.argv[3:])
+elif __name__ == "__main__":
     for _name in sys.argv[3:]:
         __import__(_name)
     import gc

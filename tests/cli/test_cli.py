@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from zygote import Zygote
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "wds_cloud.cli", "-q", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=180)
+def cli(zygote: Zygote, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m wds_cloud.cli -q ARGS`` in a new process (forked from the zygote)."""
+    return zygote.run([sys.executable, "-m", "wds_cloud.cli", "-q", *args], cwd=cwd,
+                      capture_output=True, text=True, timeout=180)
 
 
 def _shares(line: str) -> list[tuple[float, float]]:
@@ -26,8 +28,8 @@ def _shares(line: str) -> list[tuple[float, float]]:
 
 
 @pytest.mark.slow
-def test_demo_runs_the_whole_product(tmp_path: Path) -> None:
-    out = cli("demo", "--dir", str(tmp_path), "--per-shard", "200", "--batch-size", "20",
+def test_demo_runs_the_whole_product(tmp_path: Path, zygote: Zygote) -> None:
+    out = cli(zygote, "demo", "--dir", str(tmp_path), "--per-shard", "200", "--batch-size", "20",
               "--workers", "2", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -52,19 +54,19 @@ def test_demo_runs_the_whole_product(tmp_path: Path) -> None:
     assert "ERROR" not in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
-def test_demo_through_the_example_spec(tmp_path: Path) -> None:
+def test_demo_through_the_example_spec(tmp_path: Path, zygote: Zygote) -> None:
     """config/demo-mix.yaml, as ``--spec`` takes it: the same three sources."""
     spec = Path(__file__).resolve().parents[2] / "config" / "demo-mix.yaml"
-    out = cli("demo", "--dir", str(tmp_path), "--per-shard", "50", "--batch-size", "10",
+    out = cli(zygote, "demo", "--dir", str(tmp_path), "--per-shard", "50", "--batch-size", "10",
               "--workers", "1", "--epochs", "1", "--spec", str(spec), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert f"3. spec {spec}" in out.stdout and "throughput: 400 samples" in out.stdout
     assert not (tmp_path / "demo.yaml").exists()
 
 
-def test_demo_on_local_disk(tmp_path: Path) -> None:
-    out = cli("demo", "--local", "--dir", str(tmp_path), "--per-shard", "25", "--workers", "0",
-              "--epochs", "1", "--batch-size", "10", cwd=tmp_path)
+def test_demo_on_local_disk(tmp_path: Path, zygote: Zygote) -> None:
+    out = cli(zygote, "demo", "--local", "--dir", str(tmp_path), "--per-shard", "25",
+              "--workers", "0", "--epochs", "1", "--batch-size", "10", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "throughput: 200 samples" in out.stdout and "cache" not in out.stdout
     assert sorted(p.name for p in (tmp_path / "shards").glob("demo-*.tar")) == [

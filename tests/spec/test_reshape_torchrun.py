@@ -49,11 +49,13 @@ def _spec(store: Store, tmp: Path, name: str, weights: dict[str, float] | None) 
 
 def _phase(zygote: Zygote, exact: Path, mix: Path, out: Path, n: int, state: Path | None
            ) -> list[Any]:
-    """One torchrun launch (its launcher forked from the zygote, its ranks new interpreters)."""
+    """One torchrun launch, its launcher and its ranks forked from the zygote (``--no-python``:
+    torchrun starts ``zygote.python()``, which runs the rank script in a child of the zygote)."""
     ranks, workers, batch, exact_steps, mix_steps = PHASES[n]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={ranks}", str(WORKER), str(exact), str(mix), str(out), str(n),
-           str(workers), str(batch), str(exact_steps), str(mix_steps)]
+           f"--nproc_per_node={ranks}", "--no-python", *zygote.python(), "-u", str(WORKER),
+           str(exact), str(mix), str(out), str(n), str(workers), str(batch), str(exact_steps),
+           str(mix_steps)]
     cmd += [str(state)] if state else []
     done = zygote.run(cmd, capture_output=True, text=True, timeout=300,
                       env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -36,11 +36,12 @@ def spec_file(store_factory: Callable[[str], Store], tmp_path: Path) -> Path:
 
 def _torchrun(zygote: Zygote, spec: Path, out: Path, seed: int, mode: str = ""
               ) -> list[dict[str, Any]]:
-    """torchrun's launcher, forked from the zygote; its ranks are new interpreters."""
+    """torchrun's launcher and its ranks, forked from the zygote (``--no-python``: torchrun
+    starts ``zygote.python()``, which runs the rank script in a child of the zygote)."""
     out.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(WORKER), str(spec), str(out), str(seed), str(EPOCHS), str(BATCH),
-           str(PER_WORKER), mode]
+           "--no-python", *zygote.python(), "-u", str(WORKER), str(spec), str(out), str(seed),
+           str(EPOCHS), str(BATCH), str(PER_WORKER), mode]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = zygote.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

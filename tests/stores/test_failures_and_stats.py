@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from zygote import Zygote
 
 import wds_cloud as wds
 from stores.azure import connection_string
@@ -131,7 +131,7 @@ def _cli_options(options: dict[str, Any]) -> list[str]:
 @pytest.mark.parametrize("name", ["http", "s3", "gs", "az"])
 @pytest.mark.parametrize("via", ["cli", "python"])
 def test_an_unreachable_endpoint_ends_within_the_budget_in_one_line(
-        name: str, endpoint: str, via: str, tmp_path: Path) -> None:
+        name: str, endpoint: str, via: str, tmp_path: Path, zygote: Zygote) -> None:
     """``wds-cloud ls`` and ``WebDataset`` against an endpoint where nothing listens (refused)
     or where nothing answers (a listening socket that never accepts: each request waits out
     WDS_TIMEOUT): a listing (a bucket's glob) or a lookup or read (http) ends after
@@ -155,8 +155,8 @@ def test_an_unreachable_endpoint_ends_within_the_budget_in_one_line(
                    if via == "cli" else
                    [sys.executable, "-c", _PYTHON_READER, url, json.dumps(options)])
         start = time.monotonic()
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300,
-                              cwd=tmp_path)
+        done = zygote.run(command, capture_output=True, text=True, env=env, timeout=300,
+                          cwd=tmp_path)
         elapsed = time.monotonic() - start
     errors = [line for line in done.stderr.splitlines()
               if "error" in line.lower() and not line.startswith("WARNING wds_cloud")]
