@@ -392,7 +392,8 @@ def _exec(ready: str, args: list[str]) -> None:
     code = child.wait(None)
     assert code is not None
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code)
 
