@@ -64,6 +64,11 @@ _HANDLED = {"PYTHONUNBUFFERED"}
 
 # ---- the zygote process (run as ``python -c SOURCE SOCKET WATCH MODULE...``) ----
 
+def _fixed(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that Python reads only when it starts."""
+    return {k: v for k, v in env.items() if k.startswith(_FIXED_AT_START) and k not in _HANDLED}
+
+
 def _recv_exactly(conn: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
@@ -99,8 +104,8 @@ def _serve(path: str, watch: int) -> tuple[dict[str, Any], list[int]]:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(_address(path))
     listener.listen(64)
-    with open(path + ".new", "w") as mark:
-        mark.write(f"{os.getpid()}\n")
+    with open(path + ".new", "w") as mark:  # what a child cannot change (Zygote.forks)
+        json.dump({"pid": os.getpid(), "fixed": _fixed(dict(os.environ))}, mark)
     os.rename(path + ".new", path)  # ready: a client that finds the path can connect
     waiting: dict[int, socket.socket] = {}
     importlib.invalidate_caches()
@@ -222,6 +227,7 @@ class Zygote:
         self.path = path
         self.env = dict(os.environ if env is None else env)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._fixed: dict[str, str] | None = None
         if start:
             self._start(modules, os.getpid() if watch is None else watch,
                         log or path.with_suffix(".log"))
@@ -257,8 +263,13 @@ class Zygote:
         options = [a for a in args[1:3] if a.startswith("-") and a not in ("-c", "-m")]
         if any(a != "-u" for a in options) or len(args) < 2 + len(options):
             return False
-        names = {k for k in (*env, *self.env) if k.startswith(_FIXED_AT_START)} - _HANDLED
-        return all(env.get(k) == self.env.get(k) for k in names)
+        if self._fixed is None:
+            self._fixed = json.loads(self.path.read_text())["fixed"]
+        if _fixed(env) == self._fixed:
+            return True
+        with self.path.with_suffix(".fallbacks").open("a") as log:  # to find out why, if slow
+            log.write(f"{args[:2]}: {_fixed(env)} != {self._fixed}\n")
+        return False
 
     def run(self, args: Sequence[str], *, env: dict[str, str] | None = None,
             cwd: str | Path | None = None, stdin: Any = None, stdout: Any = None,
