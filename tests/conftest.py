@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 from zygote import Zygote, shared
@@ -66,12 +67,23 @@ def zygote(tmp_path_factory: pytest.TempPathFactory) -> Zygote:
     return shared(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
 
 
+#: Python's own variables as the run started: dask's "processes" scheduler sets
+#: PYTHONHASHSEED in the process that calls it, which every later test's children would inherit
+_PYTHON_AT_START = {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}
+
+
 @pytest.fixture(autouse=True)
-def _clean_wds_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests start without any wds_cloud or rank/worker variables from the caller's shell."""
+def _clean_wds_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tests start without any wds_cloud or rank/worker variables from the caller's shell, and
+    with Python's own variables as the run started."""
     for name in list(os.environ):
         if name.startswith(_OURS) or name in _DIST:
             monkeypatch.delenv(name)
+    yield
+    for name in [k for k in os.environ if k.startswith("PYTHON")]:
+        if name not in _PYTHON_AT_START:
+            del os.environ[name]
+    os.environ.update(_PYTHON_AT_START)
 
 
 @pytest.fixture

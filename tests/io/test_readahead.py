@@ -431,7 +431,10 @@ def test_preread_buffers_are_reused(tmp_path: Path) -> None:
     got = list(_with_readahead([{"url": u} for u in shards], opener, depth=depth,
                                max_bytes=depth * share))
     assert got == _baseline([{"url": u} for u in shards])
-    assert len(opener.buffers) >= len(shards) - depth  # one piece each: 100 kB < 1 MiB
+    # one piece each (100 kB < 1 MiB) for each shard pre-read; a shard the consumer takes
+    # before its pre-read began (a busy machine) has none. More pieces than the buffers
+    # allowed below: buffers were reused.
+    assert len(opener.buffers) >= depth + 2, len(opener.buffers)
     distinct = {id(b) for b in opener.buffers}  # all kept alive by the list: ids are unique
     assert len(distinct) <= depth + 1, (len(distinct), len(opener.buffers))
     assert all(len(b) == share for b in opener.buffers)
