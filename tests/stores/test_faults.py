@@ -89,7 +89,12 @@ def test_cuts_and_503s_lose_and_repeat_nothing(
     """The issue's case: a cut every ~5 MB and 10% 503s (200 MB for http and s3)."""
     store = store_factory(name)
     expected, needed = _seed(store, tmp_path, shards=shards, shard_mb=shard_mb)
-    proxy = fault_proxy(store, cut_every=5_000_000, error_rate=0.1, error_status=503)
+    # the proxy draws its faults from random.Random(seed): with a seed whose first draw is a
+    # 503, one is met however few requests the run makes (~35 here: 0.9^35 = 2.5% of runs
+    # met none with seed 0)
+    seed = next(s for s in range(1000) if random.Random(s).random() < 0.1)
+    proxy = fault_proxy(store, cut_every=5_000_000, error_rate=0.1, error_status=503,
+                        seed=seed)
     via = store.proxied(proxy)
     via.apply_env(monkeypatch)
     wds.reset_io_stats()
@@ -98,8 +103,7 @@ def test_cuts_and_503s_lose_and_repeat_nothing(
     faults = proxy.stats()["faults"]
     stats = wds.io_stats()
     assert faults.get("cut", 0) >= shards * (shard_mb // 6)  # a cut within every 6 MB at most
-    if shards * shard_mb >= 200:  # enough requests that 10% of them surely met a 503
-        assert faults.get("error", 0) > 0
+    assert faults.get("error", 0) > 0
     # one retry per fault met; a cut or refusal in the padding after the end-of-archive block
     # is met only if the read-ahead got there before the reader ended the shard
     met = _faults_met(proxy, needed)
