@@ -312,6 +312,9 @@ class WebLoader(DataPipeline, FluidInterface):
             loader.worker_init_fn = ReportIO(self._io_counters, loader.worker_init_fn, ship,
                                               self._sources)
         epoched = EpochedLoader(loader)
+        # small items get more in flight per worker (EpochedLoader._deepened), unless the
+        # caller chose how many
+        epoched.deepen = loader.num_workers > 0 and kw.get("prefetch_factor") is None
         if slots is None:
             super().__init__(epoched)
         else:
