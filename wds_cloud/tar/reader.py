@@ -41,7 +41,6 @@ import sys
 from collections.abc import Iterator
 from typing import BinaryIO, TypeGuard
 
-from ..errors import ShardFormatError
 from .bulk import Member, fast_batch
 from .compress import CHUNK_SIZE, tar_source
 from .header import (
@@ -239,13 +238,8 @@ def _file_batches(reader: MemberReader, marks: list[Marks] | None) -> Iterator[l
                                                    far=reader.far, view=reader.view,
                                                    base=reader.off)
         if headers:
-            if marks is not None:
-                marks[0] = (reader.off + start, reader.off, headers, False)
-            good, error = _checked(reader, buf, headers, extended, vectorize)
-            if error is not None:
-                if good:
-                    yield batch[:good]
-                raise error
+            yield from _checked(reader, batch, buf, start, headers, extended, vectorize, marks,
+                                False)
             reader.pos = pos
             yield batch
             held = min(pos, len(buf)) - start - large  # what headers and small members took
@@ -261,14 +255,21 @@ def _file_batches(reader: MemberReader, marks: list[Marks] | None) -> Iterator[l
             yield [item]  # type: ignore[list-item]
 
 
-def _checked(reader: MemberReader, buf: bytes, headers: list[int], extended: list[int],
-             vectorize: bool) -> tuple[int, ShardFormatError | None]:
-    """``(members before the first bad header, its error)`` for the headers (and the extended
-    headers before them) at those offsets of ``buf``; ``(len(headers), None)`` when all hold."""
+def _checked(reader: MemberReader, batch: list[Member], buf: bytes, start: int,
+             headers: list[int], extended: list[int], vectorize: bool,
+             marks: list[Marks] | None, compressed: bool) -> Iterator[list[Member]]:
+    """Sets the :data:`Marks` of ``batch``, parsed from ``buf`` at ``start`` with its headers
+    (and the extended headers before them) at those offsets; where a header's checksum is bad,
+    yields the members before it, then raises its error. A good batch is the caller's to
+    yield."""
+    if marks is not None:
+        marks[0] = (reader.off + start, reader.off, headers, compressed)
     bad = first_bad_header(buf, headers + extended if extended else headers, vectorize=vectorize)
-    if bad < 0:
-        return len(headers), None
-    return bisect.bisect_left(headers, bad), reader.error(BAD_CHECKSUM, at=reader.off + bad)
+    if bad >= 0:
+        good = bisect.bisect_left(headers, bad)
+        if good:
+            yield batch[:good]
+        raise reader.error(BAD_CHECKSUM, at=reader.off + bad)
 
 
 def _batches(reader: MemberReader, compressed: bool, marks: list[Marks] | None,
@@ -283,13 +284,8 @@ def _batches(reader: MemberReader, compressed: bool, marks: list[Marks] | None,
             batch, headers, extended, reader.pos, _ = fast_batch(buf, start,
                                                                  vectorize=vectorize)
             if headers:
-                if marks is not None:
-                    marks[0] = (reader.off + start, reader.off, headers, compressed)
-                good, error = _checked(reader, buf, headers, extended, vectorize)
-                if error is not None:
-                    if good:
-                        yield batch[:good]
-                    raise error
+                yield from _checked(reader, batch, buf, start, headers, extended, vectorize,
+                                    marks, compressed)
                 yield batch
         else:
             yield from _large_members(reader, marks, compressed, following)
