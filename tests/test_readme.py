@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 import yaml
-from zygote import Zygote
+from zygote import NETWORK, Zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -87,12 +87,6 @@ def _wait_port(port: int, what: Block, timeout: float = 30) -> None:
                 return
         time.sleep(0.1)
     raise AssertionError(f"{what}: nothing listens on port {port} after {timeout} s")
-
-
-#: what the zygote of python blocks that use neither torch nor WebLoader imports (third-party
-#: modules only, never wds_cloud); the others come from the run's zygote (tests/zygote.py)
-PLAIN = ["yaml", "tqdm", "fsspec", "aiohttp", "botocore.session", "aiobotocore.session",
-         "s3fs", "gcsfs", "adlfs"]
 
 
 class Reader:
@@ -159,7 +153,7 @@ class Reader:
         presence wds_cloud notices (``sys.modules``)."""
         kind = "torch" if re.search(r"\btorch\b|WebLoader", text) else "plain"
         if kind not in self.zygotes:
-            self.zygotes[kind] = Zygote(self.logs / f"{kind}.ready", PLAIN, env=self.env)
+            self.zygotes[kind] = Zygote(self.logs / f"{kind}.ready", NETWORK, env=self.env)
         log = self.logs / f"line{block.line}.log"
         with log.open("wb") as out:
             done = self.zygotes[kind].run([sys.executable, "-c", text], env=self.env,

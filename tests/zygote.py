@@ -54,9 +54,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+#: the third-party modules of the cloud stores (without torch and numpy, whose presence
+#: wds_cloud notices in ``sys.modules``)
+NETWORK = ["yaml", "tqdm", "fsspec", "aiohttp", "botocore.session", "aiobotocore.session",
+           "s3fs", "gcsfs", "adlfs"]
 #: what :func:`shared`'s zygote imports: what the tests' children import that costs
-HEAVY = ["yaml", "tqdm", "fsspec", "aiohttp", "botocore.session", "aiobotocore.session", "s3fs",
-         "gcsfs", "adlfs", "numpy", "PIL.Image", "torch", "torch.distributed.run"]
+HEAVY = [*NETWORK, "numpy", "PIL.Image", "torch", "torch.distributed.run"]
 #: environment variables Python reads only when it starts (a child keeps the zygote's)
 _FIXED_AT_START = "PYTHON"
 _HANDLED = {"PYTHONUNBUFFERED"}
