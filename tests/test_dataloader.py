@@ -179,7 +179,7 @@ def test_small_tensors_travel_in_the_pickle_of_their_batch() -> None:
     shapes come out; a larger tensor goes torch's way; other objects are untouched."""
     from multiprocessing.reduction import ForkingPickler
 
-    from wds_cloud.dataloader import INLINE_TENSOR_BYTES, _Packed
+    from wds_cloud.shipping import INLINE_TENSOR_BYTES, _Packed
 
     small = {"i": torch.arange(64), "f": torch.rand(3, 4, dtype=torch.float16),
              "b": torch.tensor([True, False]), "view": torch.arange(20).reshape(4, 5)[:, 1],

@@ -104,16 +104,19 @@ class CanonicalLoader:
 
     def _tagged(self, it: Iterator[Any], in_process: bool) -> Iterator[tuple[int, Any, Any]]:
         """``(slot, sample, state)`` of each sample the DataLoader yields."""
-        from .dataloader import after
+        from .shipping import Group, after
 
-        for shipped in it:
-            state = after([shipped.state]) if in_process else shipped.state
-            worker = int(state["worker"])
-            for slot, one in state["played"].items():  # one sample: one slot
-                yield int(slot), shipped.item, (worker, one)
+        for got in it:
+            for shipped in (got.entries() if isinstance(got, Group) else (got,)):
+                if hasattr(shipped, "reraise"):  # a worker's error, after its items
+                    shipped.reraise()
+                state = after([shipped.state]) if in_process else shipped.state
+                worker = int(state["worker"])
+                for slot, one in state["played"].items():  # one sample: one slot
+                    yield int(slot), shipped.item, (worker, one)
 
     def _take(self, slot: int, state: tuple[int, Any]) -> None:
-        from .dataloader import went_on
+        from .shipping import went_on
 
         worker, one = state
         played = self.epoched.played.setdefault(worker, {})

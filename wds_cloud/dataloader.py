@@ -1,13 +1,15 @@
 """What a :class:`~wds_cloud.pytorch.WebLoader` wraps around torch's DataLoader: each pass an
 epoch, the workers' states shipped with their items and kept for ``state_dict`` (after a
 restore, in the order of the uninterrupted run; on another shape, per slot played, see
-:mod:`wds_cloud.pipeline.slots`), and items packed cheaply for the trip from the workers.
+:mod:`wds_cloud.pipeline.slots`), the workers' groups of items taken apart in that order, and
+more items in flight for small ones. What the workers send is :mod:`wds_cloud.shipping`'s.
 
 Layer 3: imports torch only inside what runs with a DataLoader.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -16,8 +18,13 @@ from typing import Any
 from .errors import ResumeError
 from .pipeline.shards import WorkerInfo
 from .pipeline.slots import slot_of
+from .shipping import Group, _Sizes, grouped, went_on
 
-__all__ = ["INLINE_TENSOR_BYTES", "EpochedLoader", "ReportIO", "Unship", "after", "went_on"]
+__all__ = ["PREFETCH_BYTES", "PREFETCH_MAX", "EpochedLoader", "ReportIO"]
+
+#: items a WebLoader's worker may have in flight at most (torch's default ``prefetch_factor``
+#: is 2), and the bytes all its workers' items in flight may add up to (see ``_deepened``)
+PREFETCH_MAX, PREFETCH_BYTES = 8, 16 << 20
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +63,8 @@ class EpochedLoader:
         self.reporting: tuple[int, Callable[[], None]] | None = None
         #: whether to raise the workers' items in flight for small items (``_deepened``)
         self.deepen = False
+        #: whether the workers send their items in groups (:func:`~wds_cloud.shipping.grouped`)
+        self.grouped = False
         self.prefetch = 0  # the items in flight per worker, as of the last item taken
 
     def __iter__(self) -> Iterator[Any]:
@@ -113,28 +122,47 @@ class EpochedLoader:
             yield item
 
     def _unshipped(self, it: Iterator[Any], resumed: bool) -> Iterator[Any]:
-        """Items without their states; after a restore, in the order the uninterrupted run
-        had: round robin from the worker after the last one that yielded."""
-        if not resumed:
+        """Items without their states, groups taken apart; after a restore, or when the
+        workers send groups, in the order the uninterrupted run of single items had: round
+        robin from the worker after the last one that yielded (:meth:`_in_turn`)."""
+        if not (resumed or self.grouped):
             for shipped in it:
                 yield self._take(shipped)
             return
+        if not resumed and not getattr(self.loader, "in_order", True):
+            for got in it:  # torch's in_order=False: as they come
+                for shipped in (got.entries() if isinstance(got, Group) else (got,)):
+                    yield self._take(shipped)
+            return
+        yield from self._in_turn(it)
+
+    def _in_turn(self, it: Iterator[Any]) -> Iterator[Any]:
+        """The items of ``it`` (single, or in groups) in turn: one of each worker's in worker
+        order, skipping those that have no more (a group marked ``last``, or an item with
+        no more ``left``), as torch gives single items (``in_order``)."""
         workers = self.loader.num_workers
         queues: list[deque[Any]] = [deque() for _ in range(workers)]
-        exhausted = {w for w, st in enumerate(self.states) if st and st.get("left") == 0}
+        done = {w for w, st in enumerate(self.states) if st and st.get("left") == 0}
+        ended: set[int] = set()  # workers whose last item has come
         turn = (self.last_worker + 1) % workers
-        for shipped in it:
-            queues[_worker_of(shipped)].append(shipped)
-            while len(exhausted) < workers:
-                if turn in exhausted:
-                    turn = (turn + 1) % workers
-                    continue
-                if not queues[turn]:
-                    break
-                item = queues[turn].popleft()
-                if item.state.get("left") == 0:
-                    exhausted.add(turn)
-                yield self._take(item)
+        for got in it:
+            if isinstance(got, Group):
+                queues[got.worker].extend(got.entries())
+                if got.last:
+                    ended.add(got.worker)
+            else:
+                queues[_worker_of(got)].append(got)
+            while len(done) < workers:
+                queue = queues[turn]
+                if not queue:
+                    if turn not in ended and turn not in done:
+                        break  # its next item is still to come
+                    done.add(turn)
+                if turn not in done:
+                    item = queue.popleft()
+                    if getattr(item, "state", {}).get("left") == 0:
+                        done.add(turn)
+                    yield self._take(item)
                 turn = (turn + 1) % workers
         while any(queues):  # the end: what is left, in turn
             if queues[turn]:
@@ -144,9 +172,12 @@ class EpochedLoader:
     def _take(self, shipped: Any) -> Any:
         from .pipeline.state import Shipped
 
-        self.yielded += 1
         if not isinstance(shipped, Shipped):
+            if hasattr(shipped, "reraise"):  # a worker's error, in its place among its items
+                shipped.reraise()
+            self.yielded += 1
             return shipped
+        self.yielded += 1
         worker = _worker_of(shipped)
         state = shipped.state
         if "played" in state:  # saved workers' slots, played by this worker
@@ -273,165 +304,21 @@ def _worker_of(shipped: Any) -> int:
     return int(shipped.state.get("worker", 0))
 
 
-class Unship:
-    """A WebLoader's ``collate_fn`` in its workers: collates the items (sent with their
-    worker's state: the batch goes with the state after its last item) and packs the result
-    for the trip to the main process (see :class:`_Packed`)."""
-
-    def __init__(self, collate: Callable[[Any], Any]) -> None:
-        self.collate = collate
-
-    def __call__(self, data: Any) -> Any:
-        from .pipeline.state import Shipped
-
-        if isinstance(data, Shipped):
-            return _Packed(Shipped(self.collate(data.item), after([data.state])))
-        if isinstance(data, list) and data and isinstance(data[-1], Shipped):
-            return _Packed(Shipped(self.collate([d.item for d in data]),
-                                   after([d.state for d in data])))
-        return _Packed(self.collate(data))
-
-
-def after(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """The state after the last of a batch's items, from the states sent with each (see
-    :meth:`~wds_cloud.pipeline.state.ResumeBook.counted`): the last whole state among them
-    with the count of items since (``replay``) of the last; for items of slots played
-    (:mod:`wds_cloud.pipeline.slots`), that of each slot, under ``played``."""
-    if "slot" not in states[-1]:
-        return _last_of(states)
-    by_slot: dict[int, list[dict[str, Any]]] = {}
-    for state in states:
-        by_slot.setdefault(int(state["slot"]), []).append(state["state"])
-    return {"worker": states[-1]["worker"], "left": states[-1].get("left", -1),
-            "played": {slot: _last_of(seq) for slot, seq in by_slot.items()}}
-
-
-def _last_of(states: list[dict[str, Any]]) -> dict[str, Any]:
-    last = states[-1]
-    if "replay" not in last:
-        return last
-    whole = next((s for s in reversed(states) if "replay" not in s), None)
-    return last if whole is None else {**whole, "replay": last["replay"], "left": last["left"]}
-
-
-def went_on(before: dict[str, Any] | None, state: dict[str, Any]) -> dict[str, Any]:
-    """A worker's (or slot's) state after ``state`` came: a count of items since the last
-    whole state goes with that whole state."""
-    if "replay" in state and "fingerprint" not in state:
-        return {**(before or {}), "replay": state["replay"], "left": state["left"]}
-    return state
-
-
-#: CPU tensors up to this many bytes travel inside the pickle of their batch
-INLINE_TENSOR_BYTES = 64 << 10
-#: items a WebLoader's worker may have in flight at most (torch's default ``prefetch_factor``
-#: is 2), and the bytes all its workers' items in flight may add up to (see ``_deepened``)
-PREFETCH_MAX, PREFETCH_BYTES = 8, 16 << 20
-
-
-class _Sizes:
-    """The largest item (in bytes, as it travelled) this process took from a worker since
-    :meth:`take` last asked (items of all its loaders: a loader that looks sees at least its
-    own)."""
-
-    recent = 0
-
-    @classmethod
-    def note(cls, size: int) -> None:
-        if size > cls.recent:
-            cls.recent = size
-
-    @classmethod
-    def take(cls) -> int:
-        recent, cls.recent = cls.recent, 0
-        return recent
-
-
-class _Packed:
-    """What a WebLoader's worker puts on the DataLoader's queue: ``item``, pickled so that
-    small CPU tensors travel as their bytes. torch's own pickling of a tensor for another
-    process puts its storage in shared memory and sends a file descriptor through a socket
-    connection of its own (with an authentication challenge): about 2 ms per tensor here,
-    where a batch of 64 numbers took 17 µs as bytes. Larger tensors go torch's way (one copy
-    less). Unpickled in the main process, it is the item itself."""
-
-    __slots__ = ("item",)
-
-    def __init__(self, item: Any) -> None:
-        self.item = item
-
-    def __reduce__(self) -> tuple[Any, tuple[bytes, int]]:
-        import io
-
-        buffer = io.BytesIO()
-        shared: list[int] = []
-        _pickler(buffer, shared).dump(self.item)
-        data = buffer.getvalue()
-        return _unpacked, (data, len(data) + sum(shared))
-
-
-def _unpacked(data: bytes, size: int = 0) -> Any:
-    import pickle
-
-    _Sizes.note(size or len(data))
-    return pickle.loads(data)
-
-
-def _pickler(buffer: Any, shared: list[int] | None = None) -> Any:
-    """torch's pickler for another process, with small CPU tensors as their bytes (the bytes
-    of the others, which go through shared memory, are added to ``shared``)."""
-    import copyreg
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch
-    import torch.multiprocessing  # registers torch's reducers with ForkingPickler
-
-    pickler = ForkingPickler(buffer, 5)
-    table = dict(copyreg.dispatch_table)
-    table.update(getattr(ForkingPickler, "_extra_reducers", {}))
-    torch_reduce = table.get(torch.Tensor)
-
-    def reduce(tensor: Any) -> Any:
-        nbytes = tensor.numel() * tensor.element_size()
-        if (type(tensor) is torch.Tensor and tensor.device.type == "cpu"
-                and tensor.layout == torch.strided and not tensor.requires_grad
-                and not tensor.is_quantized and nbytes <= INLINE_TENSOR_BYTES):
-            import ctypes
-
-            dense = tensor.contiguous()
-            return _small_tensor, (ctypes.string_at(dense.data_ptr(), nbytes), tensor.dtype,
-                                   tuple(tensor.shape))
-        if shared is not None:
-            shared.append(nbytes)
-        if torch_reduce is not None:
-            return torch_reduce(tensor)
-        return tensor.__reduce_ex__(5)
-
-    table[torch.Tensor] = reduce
-    pickler.dispatch_table = table
-    return pickler
-
-
-def _small_tensor(data: bytes, dtype: Any, shape: tuple[int, ...]) -> Any:
-    import torch
-
-    if not data:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
-
-
 class ReportIO:
     """A WebLoader's ``worker_init_fn``: the worker also adds its remote I/O counts to its slots
     of ``counters`` (shared memory the loader reads) and, with ``ship``, makes its copy of the
     dataset send its resumable state along with each item (the dataset in the main process
-    keeps yielding plain items); then the user's ``init`` runs."""
+    keeps yielding plain items), with ``group`` in groups (:func:`~wds_cloud.shipping.
+    grouped`); then the user's ``init`` runs."""
 
     def __init__(self, counters: Any, init: Callable[[int], Any] | None,
-                 ship: bool = False, sources: tuple[str, ...] = ()) -> None:
+                 ship: bool = False, sources: tuple[str, ...] = (), *,
+                 group: bool = False) -> None:
         self.counters = counters
         self.init = init
         self.ship = ship
         self.sources = sources  # a spec's sources: counted per source too
+        self.group = group
 
     def __call__(self, worker_id: int) -> None:
         from .stores.iostats import IO_FIELDS, SOURCE_FIELDS, report_io_to
@@ -447,5 +334,7 @@ class ReportIO:
             book = getattr(info.dataset, "book", None) if info is not None else None
             if book is not None:
                 book.ship = True
+                if self.group:
+                    book.outgoing = functools.partial(grouped, worker=worker_id)
         if self.init is not None:
             self.init(worker_id)

@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from .dataloader import EpochedLoader, ReportIO, Unship
+from .dataloader import EpochedLoader, ReportIO
 from .errors import ConfigError, MissingDependencyError, ResumeError
 from .pipeline import core as pipeline
 from .pipeline import shards
@@ -49,6 +49,7 @@ from .pipeline.shards import (
     shardspec,
 )
 from .settings import Settings
+from .shipping import Unship
 from .torch_datasets import TorchDataset, register_torch_datasets
 
 __all__ = [
@@ -300,6 +301,9 @@ class WebLoader(DataPipeline, FluidInterface):
         spec = getattr(loader.dataset, "spec", None)
         self._sources = tuple(s.name for s in spec.sources) if spec is not None else ()
         ship = getattr(loader.dataset, "book", None) is not None and loader.num_workers > 0
+        # items made in the dataset (batch_size=None) go in groups when small and quick:
+        # torch's own batching asks the dataset for one item at a time
+        group = ship and loader.batch_size is None
         if loader.num_workers > 0:  # each worker packs its items, with its state if it ships
             loader.collate_fn = Unship(loader.collate_fn)
         self._io_counters: Any = None
@@ -310,8 +314,9 @@ class WebLoader(DataPipeline, FluidInterface):
             width = len(IO_FIELDS) + len(self._sources) * len(SOURCE_FIELDS)
             self._io_counters = context.RawArray("q", loader.num_workers * width)
             loader.worker_init_fn = ReportIO(self._io_counters, loader.worker_init_fn, ship,
-                                              self._sources)
+                                              self._sources, group=group)
         epoched = EpochedLoader(loader)
+        epoched.grouped = group
         # small items get more in flight per worker (EpochedLoader._deepened), unless the
         # caller chose how many
         epoched.deepen = loader.num_workers > 0 and kw.get("prefetch_factor") is None

@@ -22,7 +22,7 @@ median of R interleaved rounds (the order rotating), the first item of each pass
   uninterrupted run, with the time ``state_dict()`` took and the size of the state.
 
 Workers hand their items to the main process: small CPU tensors in a batch (numbers
-collated) travel inside its pickle (``wds_cloud.dataloader.INLINE_TENSOR_BYTES``), not each
+collated) travel inside its pickle (``wds_cloud.shipping.INLINE_TENSOR_BYTES``), not each
 through shared memory and a file descriptor of its own as torch sends them (about 2 ms each).
 
 It is a report, not a test: it always exits 0.

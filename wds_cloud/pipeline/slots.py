@@ -206,6 +206,7 @@ def play(pipeline: Any, slots: list[State], info: WorkerInfo, quota: int = -1
     for state in slots:
         copy = deepcopy(pipeline)  # as pickling would (the live state stays), lambdas too
         copy.book.pending = state
+        copy.book.outgoing = None  # its items go out through this one's
         copy.unbounded = quota >= 0
         j, playing = slot_of(state), playing_info(state, info.seed)
         books[j] = copy.book

@@ -208,6 +208,9 @@ class ResumeBook:
         self.pending: State | None = None
         #: sent along with every item (a WebLoader's workers): ``(item, state)``
         self.ship = False
+        #: what a worker's shipped items go out through (``outgoing(items)``, e.g. grouped
+        #: for the trip: :func:`wds_cloud.shipping.grouped`), if anything
+        self.outgoing: Callable[[Iterator[Shipped]], Iterator[Any]] | None = None
         self.unsupported = ""  # why this dataset cannot resume, if it cannot
         #: its streams never end (resampled): a resume on another shape may share the rest
         #: of an epoch evenly over the new ranks (:mod:`~wds_cloud.pipeline.slots`)
@@ -376,6 +379,10 @@ class ResumeBook:
                 self.yielded += 1
                 yield item
             return
+        shipped = self._shipped(items)
+        yield from shipped if self.outgoing is None else self.outgoing(shipped)
+
+    def _shipped(self, items: Iterator[Any]) -> Iterator[Shipped]:
         since = SHIP_EVERY
         for item in items:
             self.yielded += 1
