@@ -5,6 +5,7 @@ DataLoader gives single items, in fewer of torch's trips."""
 from __future__ import annotations
 
 import io
+import multiprocessing
 import tarfile
 import time
 from collections.abc import Iterator
@@ -116,6 +117,23 @@ def test_a_workers_error_comes_where_torch_raises_it(tmp_path: Path) -> None:
     assert type(our_error) is type(their_error) is _Broken
     assert "in DataLoader worker process 1" in str(our_error)
     assert "bad sample s01-0049" in str(our_error)
+
+
+def test_a_workers_error_shuts_the_workers_down_at_once(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # the error's traceback holds torch's iterator in a cycle: were its workers left to the
+    # garbage collector, the next loader's forked workers could collect it and fail there
+    urls = _shards(tmp_path, [60, 60])
+    before = set(multiprocessing.active_children())  # (other tests' loaders, not collected)
+    broken = wds.WebLoader(wds.WebDataset(urls, shardshuffle=False).map(_break_at("s00-0030")),
+                           batch_size=None, num_workers=2)
+    keys, error = _until_error(broken)
+    assert isinstance(error, _Broken) and len(keys) == 60
+    assert set(multiprocessing.active_children()) <= before
+    again = wds.WebLoader(wds.WebDataset(urls, shardshuffle=False), batch_size=None,
+                          num_workers=2)
+    assert len(_keys(again)) == 120
+    assert "can only test a child process" not in capfd.readouterr().err
 
 
 def test_out_of_order_loaders_take_groups_as_they_come(tmp_path: Path) -> None:

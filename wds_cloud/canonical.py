@@ -65,6 +65,7 @@ class CanonicalLoader:
         self.resume: dict[str, Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
+        from .dataloader import shut_on_error
         from .pytorch import set_epoch
 
         epoched = self.epoched
@@ -93,7 +94,10 @@ class CanonicalLoader:
         batches = CanonicalBatches(rank_slots, self.per)
         every, report = epoched.reporting or (0, None)
         try:
-            for batch in batches.batches(self._tagged(it, in_process), self._take):
+            tagged = self._tagged(it, in_process)
+            if not in_process:
+                tagged = shut_on_error(loader, it, tagged)
+            for batch in batches.batches(tagged, self._take):
                 epoched.yielded += 1
                 yield self.collate(batch)
                 if report is not None and epoched.yielded % every == 0:

@@ -20,7 +20,7 @@ from .pipeline.shards import WorkerInfo
 from .pipeline.slots import slot_of
 from .shipping import Group, _Sizes, grouped, went_on
 
-__all__ = ["PREFETCH_BYTES", "PREFETCH_MAX", "EpochedLoader", "ReportIO"]
+__all__ = ["PREFETCH_BYTES", "PREFETCH_MAX", "EpochedLoader", "ReportIO", "shut_on_error"]
 
 #: items a WebLoader's worker may have in flight at most (torch's default ``prefetch_factor``
 #: is 2), and the bytes all its workers' items in flight may add up to (see ``_deepened``)
@@ -90,6 +90,8 @@ class EpochedLoader:
         self.prefetch = getattr(it, "_prefetch_factor", 0)
         if self.deepen and workers and _deepens(it):
             out = self._deepened(it, out)
+        if workers:
+            out = shut_on_error(self.loader, it, out)
         return out if self.reporting is None else _reported(out, *self.reporting)
 
     def _deepened(self, it: Any, items: Iterator[Any]) -> Iterator[Any]:
@@ -272,6 +274,22 @@ class EpochedLoader:
                  merged["num_workers"], here.world_size, workers,
                  sum(len(p) for p in self.resume_played.values()) if workers
                  else len(assign(merged["slots"], here)))
+
+
+def shut_on_error(loader: Any, it: Any, items: Iterator[Any]) -> Iterator[Any]:
+    """``items`` (from torch's iterator ``it`` over ``loader``'s workers); when they end in an
+    error (a worker's, raised here), ``it``'s workers are shut down at once. The error's
+    traceback holds ``it`` in a reference cycle: left to the garbage collector, it could be
+    collected in a process forked meanwhile (the next loader's workers), where torch's
+    shutdown fails ("can only test a child process"), and the workers would live until a
+    collection here. Persistent workers stay: the DataLoader reuses them next pass."""
+    try:
+        yield from items
+    except Exception:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None and not loader.persistent_workers:
+            shutdown()
+        raise
 
 
 def _deepens(it: Any) -> bool:
