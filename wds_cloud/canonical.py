@@ -108,12 +108,11 @@ class CanonicalLoader:
 
     def _tagged(self, it: Iterator[Any], in_process: bool) -> Iterator[tuple[int, Any, Any]]:
         """``(slot, sample, state)`` of each sample the DataLoader yields."""
-        from .shipping import Group, after
+        from .shipping import Group, after, raise_if_error
 
         for got in it:
             for shipped in (got.entries() if isinstance(got, Group) else (got,)):
-                if hasattr(shipped, "reraise"):  # a worker's error, after its items
-                    shipped.reraise()
+                raise_if_error(shipped)  # (after its worker's items)
                 state = after([shipped.state]) if in_process else shipped.state
                 worker = int(state["worker"])
                 for slot, one in state["played"].items():  # one sample: one slot

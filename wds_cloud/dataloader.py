@@ -18,7 +18,7 @@ from typing import Any
 from .errors import ResumeError
 from .pipeline.shards import WorkerInfo
 from .pipeline.slots import slot_of
-from .shipping import Group, _Sizes, grouped, went_on
+from .shipping import Group, _Sizes, grouped, raise_if_error, went_on
 
 __all__ = ["PREFETCH_BYTES", "PREFETCH_MAX", "EpochedLoader", "ReportIO", "shut_on_error"]
 
@@ -174,12 +174,10 @@ class EpochedLoader:
     def _take(self, shipped: Any) -> Any:
         from .pipeline.state import Shipped
 
-        if not isinstance(shipped, Shipped):
-            if hasattr(shipped, "reraise"):  # a worker's error, in its place among its items
-                shipped.reraise()
-            self.yielded += 1
-            return shipped
+        raise_if_error(shipped)  # (in its place among its worker's items)
         self.yielded += 1
+        if not isinstance(shipped, Shipped):
+            return shipped
         worker = _worker_of(shipped)
         state = shipped.state
         if "played" in state:  # saved workers' slots, played by this worker

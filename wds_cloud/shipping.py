@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["GROUP_BYTES", "GROUP_MAX", "GROUP_SECONDS", "INLINE_TENSOR_BYTES", "Group",
-           "Unship", "after", "grouped", "went_on"]
+           "Unship", "after", "grouped", "raise_if_error", "went_on"]
 
 #: a group is sent once it holds this many items, ...
 GROUP_MAX = 64
@@ -47,8 +47,14 @@ class Group:
         self.error = error
 
     def entries(self) -> list[Any]:
-        """Its items, then its error (``reraise()`` raises it) if it has one."""
+        """Its items, then its error if it has one (:func:`raise_if_error` raises it)."""
         return self.items if self.error is None else [*self.items, self.error]
+
+
+def raise_if_error(entry: Any) -> None:
+    """Raise the worker's error that ``entry`` of :meth:`Group.entries` is, if it is one."""
+    if hasattr(entry, "reraise"):
+        entry.reraise()
 
 
 class _Sent:
