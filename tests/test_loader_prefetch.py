@@ -5,28 +5,20 @@ and a resume are those of torch's default."""
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 
 import pytest
+from shardgen import write_tar
 
 import wds_cloud as wds
 from wds_cloud.dataloader import PREFETCH_BYTES, PREFETCH_MAX
 
 
 def _shards(directory: Path, shards: int, per_shard: int, size: int) -> list[str]:
-    urls = []
-    for s in range(shards):
-        path = directory / f"shard-{s:02d}.tar"
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
-            for i in range(per_shard):
-                data = bytes([i % 256]) * size
-                info = tarfile.TarInfo(f"s{s:02d}-{i:04d}.bin")
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-        urls.append(str(path))
-    return urls
+    return [write_tar(directory / f"shard-{s:02d}.tar",
+                      [(f"s{s:02d}-{i:04d}", {"bin": bytes([i % 256]) * size})
+                       for i in range(per_shard)])
+            for s in range(shards)]
 
 
 def _dataset(urls: list[str]) -> wds.WebDataset:

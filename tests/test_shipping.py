@@ -4,15 +4,14 @@ DataLoader gives single items, in fewer of torch's trips."""
 
 from __future__ import annotations
 
-import io
 import multiprocessing
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from shardgen import write_tar
 from torch.utils.data import DataLoader
 
 import wds_cloud as wds
@@ -22,17 +21,10 @@ from wds_cloud.shipping import GROUP_BYTES, GROUP_MAX, Group, grouped
 
 def _shards(directory: Path, sizes: list[int]) -> list[str]:
     """Tar shards of ``sizes[s]`` samples each (a ``.txt`` and a ``.cls``)."""
-    urls = []
-    for s, count in enumerate(sizes):
-        path = directory / f"shard-{s:02d}.tar"
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
-            for i in range(count):
-                for ext, data in (("txt", f"sample {s} {i}".encode()), ("cls", b"%d" % i)):
-                    info = tarfile.TarInfo(f"s{s:02d}-{i:04d}.{ext}")
-                    info.size = len(data)
-                    tf.addfile(info, io.BytesIO(data))
-        urls.append(str(path))
-    return urls
+    return [write_tar(directory / f"shard-{s:02d}.tar",
+                      [(f"s{s:02d}-{i:04d}", {"txt": f"sample {s} {i}".encode(),
+                                              "cls": b"%d" % i}) for i in range(count)])
+            for s, count in enumerate(sizes)]
 
 
 def _keys(items: Any) -> list[str]:
