@@ -60,6 +60,7 @@ _reading = threading.local()  # .source: the source whose shard this thread open
 
 _stats = IOStats()
 _stats_lock = threading.Lock()
+_counting = threading.local()  # .later: counts made while this thread counts (see _count)
 #: where this process adds its counts as well (:func:`report_io_to`): shared slots, first
 #: index, and the first index of each source's counters
 _report: tuple[MutableSequence[int], int, dict[str, int]] | None = None
@@ -78,27 +79,52 @@ def count_source(source: str, **increments: int) -> None:
 
 
 def _count(source: str | None, increments: dict[str, int], *, process: bool) -> None:
+    later = getattr(_counting, "later", None)
+    if later is not None:  # this thread holds the lock (see _locked): added on its way out
+        later.append((source, increments, process))
+        return
+    with _locked():
+        _add(source, increments, process)
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """Holds the counters' lock. A count this thread makes meanwhile (the garbage collector
+    closed a reader at an allocation in here, and the reader's ``finally`` counted) is added
+    on the way out, rather than waiting for the lock this thread holds."""
     with _stats_lock:
+        later: list[tuple[str | None, dict[str, int], bool]] = []
+        _counting.later = later
+        try:
+            yield
+            while later:
+                _add(*later.pop(0))
+        finally:
+            _counting.later = None
+
+
+def _add(source: str | None, increments: dict[str, int], process: bool) -> None:
+    """:func:`_count`'s additions, under its lock."""
+    if process:
+        for name, n in increments.items():
+            setattr(_stats, name, getattr(_stats, name) + n)
+    if source is not None:
+        mine = _by_source.get(source)
+        if mine is None:
+            mine = _by_source[source] = [0] * len(SOURCE_FIELDS)
+        for name, n in increments.items():
+            if name in _SOURCE_INDEX:
+                mine[_SOURCE_INDEX[name]] += n
+    if _report is not None:
+        slots, first, sources = _report
         if process:
             for name, n in increments.items():
-                setattr(_stats, name, getattr(_stats, name) + n)
-        if source is not None:
-            mine = _by_source.get(source)
-            if mine is None:
-                mine = _by_source[source] = [0] * len(SOURCE_FIELDS)
+                slots[first + _IO_INDEX[name]] += n
+        at = sources.get(source) if source is not None else None
+        if at is not None:
             for name, n in increments.items():
                 if name in _SOURCE_INDEX:
-                    mine[_SOURCE_INDEX[name]] += n
-        if _report is not None:
-            slots, first, sources = _report
-            if process:
-                for name, n in increments.items():
-                    slots[first + _IO_INDEX[name]] += n
-            at = sources.get(source) if source is not None else None
-            if at is not None:
-                for name, n in increments.items():
-                    if name in _SOURCE_INDEX:
-                        slots[at + _SOURCE_INDEX[name]] += n
+                    slots[at + _SOURCE_INDEX[name]] += n
 
 
 def count_samples(names: Sequence[str], counts: Sequence[int]) -> None:
@@ -130,7 +156,7 @@ def source_stats() -> dict[str, dict[str, int]]:
     """Per spec source, what **this process** counted (:data:`SOURCE_FIELDS`): samples the
     mix gave, shards opened, their requests, bytes read, cache hits, retries, resumes and
     failures. ``WebLoader(...).stats()`` sums them over its workers (and ranks)."""
-    with _stats_lock:
+    with _locked():
         return {name: dict(zip(SOURCE_FIELDS, counts, strict=True))
                 for name, counts in _by_source.items()}
 
@@ -144,7 +170,7 @@ def io_stats() -> dict[str, float]:
     Counters are per process: what DataLoader workers did is counted in the workers, not
     here. ``WebLoader(...).io_stats()`` sums what its workers did (see :func:`report_io_to`).
     """
-    with _stats_lock:
+    with _locked():
         return with_gets_per_shard(asdict(_stats))
 
 
@@ -167,13 +193,13 @@ def report_io_to(slots: MutableSequence[int] | None, first: int = 0,
     global _report
     start = first + len(IO_FIELDS)
     at = {name: start + k * len(SOURCE_FIELDS) for k, name in enumerate(sources)}
-    with _stats_lock:
+    with _locked():
         _report = None if slots is None else (slots, first, at)
 
 
 def reset_io_stats() -> None:
     """Zero the counters of :func:`io_stats`."""
     global _stats
-    with _stats_lock:
+    with _locked():
         _stats = IOStats()
         _by_source.clear()
