@@ -3,6 +3,7 @@ on this machine -> a YAML spec with the shard cache -> a PyTorch DataLoader."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,11 @@ def test_demo_runs_the_whole_product(tmp_path: Path, zygote: Zygote) -> None:
     for line in shares:
         assert all(abs(got - want) < 5 for got, want in _shares(line)), line
     requests = [line for line in lines if line.strip().startswith("S3: ")]
-    assert "0 requests" not in requests[0] and "0 requests" in requests[1], requests
+    # the second epoch comes from the cache, but for a shard the first epoch's draws (or its
+    # read-ahead, by timing) did not reach, which the store then serves once
+    sent = [int(re.search(r"S3: (\d+) request", line).group(1)) for line in requests]
+    assert len(sent) == 2 and sent[0] > 0 and sent[1] < sent[0], requests
+    assert "shard cache" in requests[1], requests
     assert lines[-1].startswith("5. cache: 8 shards"), lines[-1]
     # forked workers clean up the parent's clients quietly (no asyncio errors, no tracebacks)
     assert "ERROR" not in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -8,7 +8,8 @@
 3. writes a YAML dataset spec mixing three slices of the shards by weight (or takes ``--spec``);
 4. streams it through the spec and the shard cache into a PyTorch DataLoader (``WebLoader``),
    epoch by epoch, with a progress bar, a ``throughput:`` line, the sources' shares and the
-   requests the store saw (the second epoch is read from the cache: none).
+   requests the store saw and the shards read from the cache (from the second epoch on, only
+   shards no epoch has cached yet are requested: those the first epoch's draws did not reach).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ The main job, the whole product in one command:
   3. writes a YAML dataset spec mixing three slices of the shards by weight (or takes --spec);
   4. streams it through the spec and the shard cache into a PyTorch DataLoader, epoch by
      epoch: a progress bar, a throughput: line, the sources' shares and the requests the
-     store saw (none in the second epoch: it comes from the cache)."""
+     store saw and the shards the cache gave (from the second epoch on, the store sees
+     requests only for shards not cached yet)."""
 
 
 def add_parser(sub: Any) -> None:
@@ -165,5 +167,8 @@ def _epoch(args: argparse.Namespace, loader: Any, dataset: Any, epoch: int, *,
         after = loader.io_stats()
         requests = after["requests"] - before["requests"]
         nbytes = after["bytes_read"] - before["bytes_read"]
+        hits = after["cache_hits"] - before["cache_hits"]
         print(f"   S3: {plural(requests, 'request')}, {human_size(nbytes)} read"
-              + (" (everything came from the shard cache)" if not requests else ""))
+              + (" (everything came from the shard cache)" if not requests and hits else
+                 f" (shards not cached yet); the shard cache served {plural(hits, 'shard read')}"
+                 if hits else ""))
