@@ -230,10 +230,11 @@ def test_a_thread_waits_for_the_next_shard_rather_than_end(
 
 def test_only_urls_worth_it_are_opened_ahead(shards: list[str]) -> None:
     """``worth`` says which shards are opened ahead; the others are opened when asked for,
-    and every shard still reads the same."""
+    and every shard still reads the same. (A shard worth it that the consumer asks for before a
+    thread got to it is opened then: seen on a loaded machine.)"""
     sources = [{"url": u} for u in shards]
     remote = set(shards[1::2])
-    opener = SlowOpener()
+    opener = SlowOpener(delay=0.005)
     with ReadAhead(opener, depth=3, max_bytes=1 << 20, worth=remote.__contains__,
                    pace=_pre_reading()) as ra:
         got = list(samples_from_shards(ra.sources(sources), reraise_exception,
@@ -241,7 +242,8 @@ def test_only_urls_worth_it_are_opened_ahead(shards: list[str]) -> None:
         stats = ra.stats
     assert got == _baseline(sources)
     assert Counter(opener.opens()) == Counter(shards)
-    assert (stats.opened_ahead, stats.direct) == (len(remote), len(shards) - len(remote))
+    assert stats.opened_ahead + stats.direct == len(shards)
+    assert 1 <= stats.opened_ahead <= len(remote)
     for url in set(shards) - remote:  # opened right after it was asked for, not before
         asked = opener.events.index(("asked", url))
         assert opener.events[asked + 1] == ("open", url)
