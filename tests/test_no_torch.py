@@ -291,7 +291,7 @@ from torch.utils.data import DataLoader, IterableDataset
 assert isinstance(shards, IterableDataset)
 urls = [d["url"] for d in DataLoader(shards, batch_size=None)]
 ds = wds.WebDataset(sys.argv[1], shardshuffle=False).to_tuple("__key__")
-loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn",
+loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn",
                     worker_init_fn=__import__("workercheck").is_iterable_dataset)
 print(json.dumps({"urls": urls, "keys": [key for (key,) in loader]}))
 """

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -49,6 +50,17 @@ FILE_LINE = re.compile(r"^#\s*([\w./-]+\.(?:py|yaml|yml))\s*$")
 #: the README's ports (docker/compose.yaml's) -> the server the test starts
 PORTS = {"s3": 9000, "gcs": 4443, "azure": 10000, "ais": 51080}
 BLOCK_TIMEOUT = 240
+#: ``torchrun ARGS`` in a child of the zygote, its ranks too: python ARGV -> zygote.python()
+TORCHRUN = """\
+import sys
+from torch.distributed.run import get_args_parser, main
+argv = sys.argv[1:]
+args = get_args_parser().parse_args(argv)
+if not (args.no_python or args.module):
+    at = len(argv) - len(args.training_script_args) - 1
+    argv[at:at] = ["--no-python", *{python!r}, "-u"]
+sys.exit(main(argv))
+"""
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,18 @@ class Reader:
         self.zygotes: dict[str, Zygote] = {"torch": zygote}
         self.logs = workdir.parent / "logs"
         self.logs.mkdir(exist_ok=True)
+        self._torchrun(workdir.parent / "bin", zygote)
+
+    def _torchrun(self, bin: Path, zygote: Zygote) -> None:
+        """``torchrun`` on the ``PATH``, ahead of the virtual environment's: the same
+        launcher and arguments, run in children of ``zygote`` (the module's docstring)."""
+        bin.mkdir(exist_ok=True)
+        code = TORCHRUN.format(python=zygote.python())
+        script = bin / "torchrun"
+        script.write_text("#!/bin/sh\nexec " + shlex.join([*zygote.python(), "-c", code])
+                          + ' "$@"\n')
+        script.chmod(0o755)
+        self.env["PATH"] = f"{bin}{os.pathsep}{self.env['PATH']}"
 
     def text(self, block: Block) -> str:
         text = block.text

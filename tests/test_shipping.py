@@ -90,10 +90,14 @@ def _break_at(key: str) -> Any:
 
 def _until_error(items: Any) -> tuple[list[str], BaseException | None]:
     keys: list[str] = []
+    it = iter(items)
     try:
-        for sample in items:
+        for sample in it:
             keys.append(sample["__key__"])
     except Exception as exc:
+        # torch's own iterator keeps its workers until it is collected, and then waited 10 s
+        # for them in a later test: shut them down now (ours has, shut_on_error)
+        getattr(it, "_shutdown_workers", lambda: None)()
         return keys, exc
     return keys, None
 

@@ -101,15 +101,16 @@ GOLDEN_DRAWS = [1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1
 
 @pytest.mark.slow
 def test_each_iteration_is_a_new_epoch_in_dataloader_workers(spec: dict[str, Any]) -> None:
-    # spawned workers import torch anew each epoch (seconds each): two epochs show that the
-    # epoch reaches a pickled copy; the forked ones show the rest
-    for context, persistent, n in [("fork", False, 3), ("fork", True, 3), ("spawn", False, 2)]:
+    # spawned workers import torch anew each epoch (seconds each): two epochs of one worker
+    # show that the epoch reaches a pickled copy; the forked ones show the rest
+    for context, persistent, n, workers in [("fork", False, 3, 2), ("fork", True, 3, 2),
+                                            ("spawn", False, 2, 1)]:
         dataset = wds.WebDataset(spec, seed=5).with_epoch(50)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2,
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers,
                                              multiprocessing_context=context,
                                              persistent_workers=persistent)
         epochs = [[s["__key__"] for s in loader] for _ in range(n)]
-        assert all(len(e) == 100 for e in epochs)
+        assert all(len(e) == 50 * workers for e in epochs)
         assert len({tuple(e) for e in epochs}) == n, (context, persistent)
         if context == "spawn":
             continue
