@@ -16,6 +16,7 @@ mix tells the samples each source gave (:func:`count_samples`).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator, MutableSequence, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -61,6 +62,7 @@ _reading = threading.local()  # .source: the source whose shard this thread open
 _stats = IOStats()
 _stats_lock = threading.Lock()
 _counting = threading.local()  # .later: counts made while this thread counts (see _count)
+_fork_hook = False  # whether _after_fork is registered (on the first count: no import-time hook)
 #: where this process adds its counts as well (:func:`report_io_to`): shared slots, first
 #: index, and the first index of each source's counters
 _report: tuple[MutableSequence[int], int, dict[str, int]] | None = None
@@ -91,7 +93,12 @@ def _count(source: str | None, increments: dict[str, int], *, process: bool) -> 
 def _locked() -> Iterator[None]:
     """Holds the counters' lock. A count this thread makes meanwhile (the garbage collector
     closed a reader at an allocation in here, and the reader's ``finally`` counted) is added
-    on the way out, rather than waiting for the lock this thread holds."""
+    on the way out, rather than waiting for the lock this thread holds. A child forked while
+    another thread holds it starts with a lock of its own (:func:`_after_fork`)."""
+    global _fork_hook
+    if not _fork_hook:
+        _fork_hook = True
+        os.register_at_fork(after_in_child=_after_fork)
     with _stats_lock:
         later: list[tuple[str | None, dict[str, int], bool]] = []
         _counting.later = later
@@ -101,6 +108,15 @@ def _locked() -> Iterator[None]:
                 _add(*later.pop(0))
         finally:
             _counting.later = None
+
+
+def _after_fork() -> None:
+    """In a forked child (a DataLoader worker): the lock anew, for the thread that held it in
+    the parent (read-ahead, a fill, a monitor polling :func:`io_stats`) is not in the child
+    and would never let it go."""
+    global _stats_lock, _counting
+    _stats_lock = threading.Lock()
+    _counting = threading.local()
 
 
 def _add(source: str | None, increments: dict[str, int], process: bool) -> None:
