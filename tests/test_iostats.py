@@ -7,8 +7,6 @@ for 300 s: the lock was taken twice by one thread."""
 from __future__ import annotations
 
 import gc
-import os
-import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -73,33 +71,3 @@ def test_a_count_made_while_counting_is_neither_a_hang_nor_lost(
         assert stats["counting"][iostats.SOURCE_FIELDS.index("samples")] == 5
     assert iostats.io_stats()["requests"] - before == 2
 
-
-def test_a_child_forked_while_another_thread_counts_can_count() -> None:
-    """A DataLoader worker forked while a thread of the parent (read-ahead, a cache fill, a
-    monitor polling ``io_stats()``) holds the counters' lock inherits the lock held, by a thread
-    it does not have: its first count waited forever (seen: a WebLoader epoch that never
-    ended while a thread polled ``wds.io_stats()``)."""
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with iostats._locked():
-            holding.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=hold, daemon=True)
-    thread.start()
-    assert holding.wait(10)
-    pid = os.fork()
-    if pid == 0:  # the child: counts, reads them, and says so by its exit status
-        code = 1
-        try:
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # a hang ends it (status -14)
-            signal.alarm(10)
-            iostats.count_io("forked", requests=3)
-            code = 0 if iostats.source_stats()["forked"]["requests"] == 3 else 2
-        finally:
-            os._exit(code)
-    release.set()
-    thread.join(10)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the child's count never came back"
