@@ -5,7 +5,8 @@ lock is renewed in the child; the child's first use of it then comes back.
 Seen: a WebLoader epoch that never ended while a thread of the parent polled
 ``wds.io_stats()`` (the counters' lock). The opener registry's lock is held while the first
 ``s3://`` URL of a process imports s3fs (~0.4 s), by a read-ahead thread of the parent when
-the parent reads as a loader starts its workers."""
+the parent reads as a loader starts its workers; so is fsspec's, while that thread makes
+fsspec's event loop (fsspec's own fork hook misses it)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from contextlib import AbstractContextManager
 import pytest
 
 from wds_cloud.io import registry
-from wds_cloud.stores import iostats
+from wds_cloud.stores import aio, iostats
 
 
 def _count() -> bool:
@@ -30,9 +31,23 @@ def _open() -> bool:
     return registry.get_opener("/tmp/x.tar") is registry.get_opener("/tmp/y.tar")
 
 
+def _fsspec_lock() -> AbstractContextManager[object]:
+    from fsspec import asyn
+
+    aio.guard_forks()  # what wds_cloud does before it makes its first filesystem
+    return asyn.get_lock()
+
+
+def _loop() -> bool:
+    from fsspec import asyn
+
+    return asyn.get_loop().is_running()
+
+
 CASES: dict[str, tuple[Callable[[], AbstractContextManager[object]], Callable[[], bool]]] = {
     "counters": (iostats._locked, _count),
     "openers": (registry._renewed, _open),
+    "fsspec's event loop": (_fsspec_lock, _loop),
 }
 
 

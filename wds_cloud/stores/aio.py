@@ -78,6 +78,7 @@ def guard_forks() -> None:
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(before=_note_loop, after_in_parent=_forget_loop,
                                 after_in_child=_detach_loop)
+            os.register_at_fork(after_in_child=_renew_fsspec_lock)
 
 
 def _note_loop() -> None:
@@ -88,6 +89,17 @@ def _note_loop() -> None:
 
 def _forget_loop() -> None:
     _loop_at_fork[0] = None
+
+
+def _renew_fsspec_lock() -> None:
+    """fsspec's lock around making its event loop, anew in a forked child. A thread of the
+    parent making the first filesystem (a read-ahead thread's first ``s3://`` open) holds it
+    in ``get_loop()``; fsspec's own fork hook means to drop it but sets a global named
+    ``lock``, not ``_lock`` (fsspec 2026.9.0), so a child forked then (a DataLoader worker)
+    waited forever for its first filesystem."""
+    from fsspec import asyn
+
+    asyn.reset_lock()
 
 
 def _detach_loop() -> None:
