@@ -15,6 +15,8 @@ import signal
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,3 +79,79 @@ def test_a_child_forked_while_a_thread_holds_a_lock_can_take_it(lock: str) -> No
     thread.join(10)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, f"the child's use of the {lock} lock"
+
+
+def test_a_child_forked_while_a_thread_makes_a_routers_cache_can_make_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.11's ``functools.cached_property`` holds one lock for every instance of the
+    class while one computes: a DataLoader worker forked while a thread of the parent made its
+    router's shard cache (a dataset read in a thread, through the cache) waited forever for
+    its own router's, at its first shard."""
+    from wds_cloud.cache import ShardCache
+    from wds_cloud.router import Router
+    from wds_cloud.settings import Settings
+
+    made = ShardCache.from_settings
+    holding, release = threading.Event(), threading.Event()
+
+    def slow(settings: Settings, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "holder":
+            holding.set()
+            release.wait(10)
+        return made(settings, **kwargs)
+
+    monkeypatch.setattr(ShardCache, "from_settings", slow)
+    settings = Settings.from_env({"WDS_CACHE": str(tmp_path / "cache")})
+    thread = threading.Thread(target=lambda: Router(settings).cache(), name="holder",
+                              daemon=True)
+    thread.start()
+    assert holding.wait(10)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(10)
+            code = 0 if Router(settings).cache() is not None else 2
+        finally:
+            os._exit(code)
+    release.set()
+    thread.join(10)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's router never made its cache"
+
+
+def test_workers_start_after_an_import_under_way_in_another_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A WebLoader forks its workers once the imports other threads have under way are done
+    (``settle_imports``), and its workers import that module too. The hang this guards
+    against was seen only in a crossing script (the parent reading through the cache in a
+    thread as a WebLoader started: a worker waited forever in ``_ModuleLock.acquire`` for
+    ``wds_cloud.cache``, 6 runs of 6; 0 of 4 with ``settle_imports``); this simpler module did
+    not hang without it on Python 3.11.7, so here it checks the path, not the hang."""
+    import importlib
+    import sys
+
+    from shardgen import write_tar
+
+    import wds_cloud as wds
+
+    (tmp_path / "slowly_imported.py").write_text(
+        "import time\nstarted = True\ntime.sleep(1.0)\nVALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slowly_imported", raising=False)
+    urls = [write_tar(tmp_path / f"s{s}.tar", [(f"k{s}{i}", {"txt": b"x"}) for i in range(2)])
+            for s in range(2)]
+    thread = threading.Thread(target=importlib.import_module, args=("slowly_imported",),
+                              daemon=True)
+    thread.start()
+    while "slowly_imported" not in sys.modules:  # under way in that thread
+        pass
+
+    def value(sample: dict[str, Any]) -> int:
+        return int(importlib.import_module("slowly_imported").VALUE)
+
+    loader = wds.WebLoader(wds.WebDataset(urls, shardshuffle=False).map(value),
+                           batch_size=None, num_workers=2, timeout=20)
+    assert list(loader) == [7] * 4
+    thread.join(10)

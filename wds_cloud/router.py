@@ -17,13 +17,12 @@ to add a scheme) keeps working with ``handler(url, mode, bufsize, **kw)`` functi
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Generic, TypeVar, overload
 
 from . import utils
 from .errors import ConfigError, OpenError, ShardNotFoundError, UnsafeURLError
@@ -48,6 +47,7 @@ __all__ = ["Router", "expand_glob", "gopen", "gopen_schemes", "info", "reader", 
            "rewrite_url", "scheme_options", "with_cache"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 StorageOptions = Mapping[str, Any]
 
@@ -81,6 +81,31 @@ def scheme_options(storage_options: StorageOptions | None, scheme: str) -> dict[
     return {}
 
 
+class _once(Generic[_T]):  # a decorator, named like functools.cached_property
+    """A property computed on first use and kept, as ``functools.cached_property``, but without
+    the lock Python 3.11's holds for every instance of the class while one computes (3.12
+    dropped it): a DataLoader worker forked while a thread of the parent made its router's
+    shard cache inherited that lock held and waited forever at its first shard. Threads that
+    compute at once keep the value stored first."""
+
+    def __init__(self, func: Callable[[Any], _T]) -> None:
+        self.func, self.name, self.__doc__ = func, func.__name__, func.__doc__
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> _once[_T]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
+
+    def __get__(self, instance: object | None, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        kept = instance.__dict__
+        if self.name not in kept:
+            kept.setdefault(self.name, self.func(instance))
+        return kept[self.name]
+
+
 @dataclass(frozen=True)
 class Router:
     """Resolves and opens URLs according to one :class:`Settings`.
@@ -93,12 +118,12 @@ class Router:
     storage_options: StorageOptions = field(default_factory=dict)
     url_to_name: Callable[[str], str] | None = None
 
-    @functools.cached_property
+    @_once
     def rules(self) -> tuple[RewriteRule, ...]:
         """The parsed ``WDS_REWRITE`` rules."""
         return parse_rewrite_rules(self.settings.rewrite, source=self.settings.rewrite_var)
 
-    @functools.cached_property
+    @_once
     def _cache(self) -> ShardCache | None:
         if not self.settings.cache_dir:
             return None
@@ -106,7 +131,7 @@ class Router:
 
         return ShardCache.from_settings(self.settings, url_to_name=self.url_to_name)
 
-    @functools.cached_property
+    @_once
     def _paces(self) -> list[Pace]:
         return []  # the pace handed out last
 
