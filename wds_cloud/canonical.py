@@ -65,7 +65,7 @@ class CanonicalLoader:
         self.resume: dict[str, Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        from .dataloader import shut_on_error
+        from .dataloader import settle_imports, shut_on_error
         from .pytorch import set_epoch
 
         epoched = self.epoched
@@ -85,6 +85,8 @@ class CanonicalLoader:
         in_process = not loader.num_workers
         if in_process:
             book.ship = True  # (the workers' copies ship; here, the dataset itself)
+        if not in_process:
+            settle_imports()
         try:
             it = iter(loader)
         finally:

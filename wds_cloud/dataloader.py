@@ -9,8 +9,11 @@ Layer 3: imports torch only inside what runs with a DataLoader.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import logging
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -82,6 +85,8 @@ class EpochedLoader:
                 self.played_left[worker] = int(saved.get("left", -1))
         self.yielded = resume["yielded"] if resume else 0
         self.last_worker = resume["last_worker"] if resume else -1
+        if workers:
+            settle_imports()
         it = iter(self.loader)
         book = getattr(dataset, "book", None)
         if book is not None and workers:
@@ -272,6 +277,17 @@ class EpochedLoader:
                  merged["num_workers"], here.world_size, workers,
                  sum(len(p) for p in self.resume_played.values()) if workers
                  else len(assign(merged["slots"], here)))
+
+
+def settle_imports() -> None:
+    """Wait for the imports other threads have under way (a dataset read in a thread of this
+    process, whose first shard imports the cache or a store's SDK) before workers are forked:
+    a child forked in the middle inherits the module's import lock held, by a thread it does
+    not have, and waits forever at its own first import of that module."""
+    for name, module in list(sys.modules.items()):
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            with contextlib.suppress(Exception):  # the importing thread reports its own error
+                importlib.import_module(name)
 
 
 def shut_on_error(loader: Any, it: Any, items: Iterator[Any]) -> Iterator[Any]:
