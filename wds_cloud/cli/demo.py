@@ -168,7 +168,9 @@ def _epoch(args: argparse.Namespace, loader: Any, dataset: Any, epoch: int, *,
         requests = after["requests"] - before["requests"]
         nbytes = after["bytes_read"] - before["bytes_read"]
         hits = after["cache_hits"] - before["cache_hits"]
-        print(f"   S3: {plural(requests, 'request')}, {human_size(nbytes)} read"
-              + (" (everything came from the shard cache)" if not requests and hits else
-                 f" (shards not cached yet); the shard cache served {plural(hits, 'shard read')}"
-                 if hits else ""))
+        line = f"   S3: {plural(requests, 'request')}, {human_size(nbytes)} read"
+        if hits and not requests:
+            line += " (everything came from the shard cache)"
+        elif hits:
+            line += f" (shards not cached yet); the shard cache served {plural(hits, 'shard read')}"
+        print(line)
