@@ -48,9 +48,28 @@ def _loop() -> bool:
 
 CASES: dict[str, tuple[Callable[[], AbstractContextManager[object]], Callable[[], bool]]] = {
     "counters": (iostats._locked, _count),
-    "openers": (registry._renewed, _open),
+    "openers": (lambda: registry._lock, _open),
     "fsspec's event loop": (_fsspec_lock, _loop),
 }
+
+
+def _exit_status_of_a_child(release: threading.Event, thread: threading.Thread,
+                             use: Callable[[], bool]) -> int:
+    """Forks now: the child runs ``use`` (exit status 0 if it returns true, -14 if it hangs
+    for 10 s); then lets ``thread`` go, and returns the child's status."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # a hang ends it (status -14)
+            signal.alarm(10)
+            code = 0 if use() else 2
+        finally:
+            os._exit(code)
+    release.set()
+    thread.join(10)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 @pytest.mark.parametrize("lock", sorted(CASES))
@@ -66,19 +85,8 @@ def test_a_child_forked_while_a_thread_holds_a_lock_can_take_it(lock: str) -> No
     thread = threading.Thread(target=hold, daemon=True)
     thread.start()
     assert holding.wait(10)
-    pid = os.fork()
-    if pid == 0:  # the child: uses the lock and says how it went by its exit status
-        code = 1
-        try:
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # a hang ends it (status -14)
-            signal.alarm(10)
-            code = 0 if use() else 2
-        finally:
-            os._exit(code)
-    release.set()
-    thread.join(10)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, f"the child's use of the {lock} lock"
+    status = _exit_status_of_a_child(release, thread, use)
+    assert status == 0, f"the child's use of the {lock} lock"
 
 
 def test_a_child_forked_while_a_thread_makes_a_routers_cache_can_make_its_own(
@@ -106,19 +114,9 @@ def test_a_child_forked_while_a_thread_makes_a_routers_cache_can_make_its_own(
                               daemon=True)
     thread.start()
     assert holding.wait(10)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)
-            signal.alarm(10)
-            code = 0 if Router(settings).cache() is not None else 2
-        finally:
-            os._exit(code)
-    release.set()
-    thread.join(10)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the child's router never made its cache"
+    status = _exit_status_of_a_child(release, thread,
+                                     lambda: Router(settings).cache() is not None)
+    assert status == 0, "the child's router never made its cache"
 
 
 def test_workers_start_after_an_import_under_way_in_another_thread(

@@ -65,7 +65,8 @@ class CanonicalLoader:
         self.resume: dict[str, Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        from .dataloader import settle_imports, shut_on_error
+        from .dataloader import shut_on_error
+        from .io.forks import settle_imports
         from .pytorch import set_epoch
 
         epoched = self.epoched

@@ -9,16 +9,14 @@ Layer 3: imports torch only inside what runs with a DataLoader.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib
 import logging
-import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .errors import ResumeError
+from .io.forks import settle_imports
 from .pipeline.shards import WorkerInfo
 from .pipeline.slots import slot_of
 from .shipping import Group, _Sizes, grouped, raise_if_error, went_on
@@ -277,17 +275,6 @@ class EpochedLoader:
                  merged["num_workers"], here.world_size, workers,
                  sum(len(p) for p in self.resume_played.values()) if workers
                  else len(assign(merged["slots"], here)))
-
-
-def settle_imports() -> None:
-    """Wait for the imports other threads have under way (a dataset read in a thread of this
-    process, whose first shard imports the cache or a store's SDK) before workers are forked:
-    a child forked in the middle inherits the module's import lock held, by a thread it does
-    not have, and waits forever at its own first import of that module."""
-    for name, module in list(sys.modules.items()):
-        if getattr(getattr(module, "__spec__", None), "_initializing", False):
-            with contextlib.suppress(Exception):  # the importing thread reports its own error
-                importlib.import_module(name)
 
 
 def shut_on_error(loader: Any, it: Any, items: Iterator[Any]) -> Iterator[Any]:

@@ -22,12 +22,13 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, BinaryIO, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from . import utils
 from .errors import ConfigError, OpenError, ShardNotFoundError, UnsafeURLError
 from .io import registry as openers
 from .io import verbose
+from .io.forks import once
 from .io.pace import Pace
 from .settings import Settings, expand_path, parse_size
 from .urls import (
@@ -47,7 +48,6 @@ __all__ = ["Router", "expand_glob", "gopen", "gopen_schemes", "info", "reader", 
            "rewrite_url", "scheme_options", "with_cache"]
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 StorageOptions = Mapping[str, Any]
 
@@ -81,31 +81,6 @@ def scheme_options(storage_options: StorageOptions | None, scheme: str) -> dict[
     return {}
 
 
-class _once(Generic[_T]):  # a decorator, named like functools.cached_property
-    """A property computed on first use and kept, as ``functools.cached_property``, but without
-    the lock Python 3.11's holds for every instance of the class while one computes (3.12
-    dropped it): a DataLoader worker forked while a thread of the parent made its router's
-    shard cache inherited that lock held and waited forever at its first shard. Threads that
-    compute at once keep the value stored first."""
-
-    def __init__(self, func: Callable[[Any], _T]) -> None:
-        self.func, self.name, self.__doc__ = func, func.__name__, func.__doc__
-
-    @overload
-    def __get__(self, instance: None, owner: type | None = None) -> _once[_T]: ...
-
-    @overload
-    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
-
-    def __get__(self, instance: object | None, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        kept = instance.__dict__
-        if self.name not in kept:
-            kept.setdefault(self.name, self.func(instance))
-        return kept[self.name]
-
-
 @dataclass(frozen=True)
 class Router:
     """Resolves and opens URLs according to one :class:`Settings`.
@@ -118,12 +93,12 @@ class Router:
     storage_options: StorageOptions = field(default_factory=dict)
     url_to_name: Callable[[str], str] | None = None
 
-    @_once
+    @once
     def rules(self) -> tuple[RewriteRule, ...]:
         """The parsed ``WDS_REWRITE`` rules."""
         return parse_rewrite_rules(self.settings.rewrite, source=self.settings.rewrite_var)
 
-    @_once
+    @once
     def _cache(self) -> ShardCache | None:
         if not self.settings.cache_dir:
             return None
@@ -131,7 +106,7 @@ class Router:
 
         return ShardCache.from_settings(self.settings, url_to_name=self.url_to_name)
 
-    @_once
+    @once
     def _paces(self) -> list[Pace]:
         return []  # the pace handed out last
 

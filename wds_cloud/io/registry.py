@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
-import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol, cast, runtime_checkable
 
@@ -35,6 +33,7 @@ from ..errors import (
     UnsupportedSchemeError,
 )
 from ..urls import split_scheme
+from .forks import ForkSafeLock
 
 __all__ = [
     "Opener",
@@ -84,24 +83,7 @@ _ROUTED = {"ais": "AIStore's REST API at AIS_ENDPOINT"}
 
 _registry: dict[str, Opener | str] = dict(_BUILTINS)
 _entry_points_loaded = False
-_lock = threading.Lock()  # (a forked child gets its own: _renewed)
-_fork_hook = False
-
-
-def _renewed() -> threading.Lock:
-    """The registry's lock, and in a child forked while a thread of the parent held it (a
-    read-ahead thread importing s3fs for its first ``s3://`` URL holds it ~0.4 s) a new one:
-    the held copy would never be let go there. The fork hook is registered on first use."""
-    global _fork_hook
-    if not _fork_hook:
-        _fork_hook = True
-        os.register_at_fork(after_in_child=_after_fork)
-    return _lock
-
-
-def _after_fork() -> None:
-    global _lock
-    _lock = threading.Lock()
+_lock = ForkSafeLock()  # (a forked child gets its own)
 
 
 def register_opener(scheme: str, opener: Opener | str, *, replace: bool = False) -> None:
@@ -109,7 +91,7 @@ def register_opener(scheme: str, opener: Opener | str, *, replace: bool = False)
     scheme = scheme.lower()
     if not isinstance(opener, str) and not callable(getattr(opener, "open", None)):
         raise ConfigError(f"opener for {scheme!r} has no open(url, mode) method: {opener!r}")
-    with _renewed():
+    with _lock:
         _load_entry_points()
         if scheme in _registry and not replace:
             raise ConfigError(
@@ -121,13 +103,13 @@ def register_opener(scheme: str, opener: Opener | str, *, replace: bool = False)
 
 def unregister_opener(scheme: str) -> None:
     """Remove the opener of ``scheme``; URLs of that scheme then raise UnsupportedSchemeError."""
-    with _renewed():
+    with _lock:
         _registry.pop(scheme.lower(), None)
 
 
 def registered_schemes() -> list[str]:
     """The schemes that have an opener, sorted (``""`` is local paths)."""
-    with _renewed():
+    with _lock:
         _load_entry_points()
         return sorted(_registry)
 
@@ -135,7 +117,7 @@ def registered_schemes() -> list[str]:
 def get_opener(url: str) -> Opener:
     """The opener for ``url``'s scheme; raises :class:`UnsupportedSchemeError` if there is none."""
     scheme = "-" if url == "-" else split_scheme(url)[0]
-    with _renewed():
+    with _lock:
         _load_entry_points()
         entry = _registry.get(scheme)
         if entry is None and scheme in _ROUTED:

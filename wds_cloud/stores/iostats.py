@@ -16,10 +16,11 @@ mix tells the samples each source gave (:func:`count_samples`).
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator, MutableSequence, Sequence
 from dataclasses import asdict, dataclass, fields
+
+from ..io.forks import ForkSafeLock
 
 __all__ = ["IO_FIELDS", "SOURCE_FIELDS", "IOStats", "count_io", "count_samples",
            "count_source", "current_source", "io_stats", "reading_for", "report_io_to",
@@ -60,9 +61,8 @@ _by_source: dict[str, list[int]] = {}
 _reading = threading.local()  # .source: the source whose shard this thread opens
 
 _stats = IOStats()
-_stats_lock = threading.Lock()
+_stats_lock = ForkSafeLock()  # (a forked child gets its own)
 _counting = threading.local()  # .later: counts made while this thread counts (see _count)
-_fork_hook = False  # whether _after_fork is registered (on the first count: no import-time hook)
 #: where this process adds its counts as well (:func:`report_io_to`): shared slots, first
 #: index, and the first index of each source's counters
 _report: tuple[MutableSequence[int], int, dict[str, int]] | None = None
@@ -93,12 +93,7 @@ def _count(source: str | None, increments: dict[str, int], *, process: bool) -> 
 def _locked() -> Iterator[None]:
     """Holds the counters' lock. A count this thread makes meanwhile (the garbage collector
     closed a reader at an allocation in here, and the reader's ``finally`` counted) is added
-    on the way out, rather than waiting for the lock this thread holds. A child forked while
-    another thread holds it starts with a lock of its own (:func:`_after_fork`)."""
-    global _fork_hook
-    if not _fork_hook:
-        _fork_hook = True
-        os.register_at_fork(after_in_child=_after_fork)
+    on the way out, rather than waiting for the lock this thread holds."""
     with _stats_lock:
         later: list[tuple[str | None, dict[str, int], bool]] = []
         _counting.later = later
@@ -108,15 +103,6 @@ def _locked() -> Iterator[None]:
                 _add(*later.pop(0))
         finally:
             _counting.later = None
-
-
-def _after_fork() -> None:
-    """In a forked child (a DataLoader worker): the lock anew, for the thread that held it in
-    the parent (read-ahead, a fill, a monitor polling :func:`io_stats`) is not in the child
-    and would never let it go."""
-    global _stats_lock, _counting
-    _stats_lock = threading.Lock()
-    _counting = threading.local()
 
 
 def _add(source: str | None, increments: dict[str, int], process: bool) -> None:
