@@ -206,7 +206,7 @@ def test_sigkill_at_random_points_never_leaves_a_corrupt_entry(
     nginx_server: NginxServer, fault_proxy: Callable[..., FaultProxy], spawn: Spawn,
     tmp_path: Path,
 ) -> None:
-    """24 trials: a child reads 4 shards (in a random order) through the cache from a slow
+    """14 trials: a child reads 4 shards (in a random order) through the cache from a slow
     server and is SIGKILLed at a random moment, from before its first byte to after everything
     was published (and once while a download is seen under way). After each kill every entry
     is byte-identical to its shard and ``verify`` finds nothing; half the entries are then
@@ -223,7 +223,7 @@ def test_sigkill_at_random_points_never_leaves_a_corrupt_entry(
     horizon = 0.0
     progress = []  # how many shards each killed child had read completely
     killed_filling = 0  # kills that left a download behind
-    for trial in range(24):
+    for trial in range(14):
         child = spawn("shards", cache, rng.sample(urls, len(urls)), expect=expect,
                       verbose=False)
         child.expect("ready")
