@@ -162,6 +162,28 @@ def test_detshuffle_and_set_epoch(tmp_path: Path) -> None:
     assert keys_of(ds) != first
 
 
+def test_seeded_shuffles_give_webdataset_orders() -> None:
+    """For the same generator or seed, the buffer shuffle draws what webdataset 1.0.2's
+    draws: a ``shuffle`` stage, ``filters._shuffle`` (which open_clip's ``detshuffle2`` calls
+    with ``random.Random(seed)``) and ``detshuffle`` epoch after epoch keep their orders when
+    a job moves between the libraries; a buffer below 1 leaves the order alone in both."""
+    import random
+
+    for bufsize, initial, n in [(1000, 100, 300), (10, 3, 57), (5, 100, 40), (1, 1, 9),
+                                (0, 5, 9), (-2, 1, 9), (7, 0, 30), (3, 3, 0)]:
+        theirs = list(webdataset.filters._shuffle(iter(range(n)), bufsize, initial,
+                                                  random.Random(bufsize)))
+        ours = list(wds.filters._shuffle(iter(range(n)), bufsize, initial,
+                                         random.Random(bufsize)))
+        assert ours == theirs, (bufsize, initial)
+        stage = (webdataset.shuffle(bufsize, initial=initial, seed=3),
+                 wds.shuffle(bufsize, initial=initial, seed=3))
+        assert [list(s(iter(range(n)))) for s in stage[1:]] == [list(stage[0](iter(range(n))))]
+    theirs_det, ours_det = webdataset.detshuffle(20, 5, seed=4), wds.detshuffle(20, 5, seed=4)
+    for _epoch in range(3):
+        assert list(ours_det.run(iter(range(80)))) == list(theirs_det.run(iter(range(80))))
+
+
 def test_seed_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     urls = make_shards(tmp_path, nshards=12, per_shard=1)
     monkeypatch.setenv("WDS_SEED", "77")

@@ -297,7 +297,9 @@ def test_shuffle_errors() -> None:
     with pytest.raises(ConfigError, match="either"):
         run(filters.shuffle(10, rng=random.Random(), seed=3), [1])
     with pytest.raises(ConfigError, match="bufsize"):
-        run(filters.shuffle(0), [1])
+        run(filters.shuffle("ten"), [1])  # type: ignore[arg-type]
+    for bufsize in (0, -3):  # webdataset's loop yields each sample as it comes
+        assert run(filters.shuffle(bufsize, seed=1), list(range(20))) == list(range(20))
 
 
 def test_detshuffle_is_deterministic_per_epoch() -> None:

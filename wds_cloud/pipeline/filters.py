@@ -148,13 +148,35 @@ def _shuffle(
     rng: random.Random | None = None, seed: int | str | bytes | None = None,
     handler: Handler | None = None,
 ) -> Iterator[Any]:
-    """``handler`` is accepted for webdataset compatibility; a shuffle has nothing to handle."""
+    """webdataset's buffer shuffle, draw for draw: for the same ``rng`` (or ``seed``) the same
+    order as webdataset 1.0.2 (``pick`` with ``rng.randint``), so a seeded pipeline, a
+    ``detshuffle`` or open_clip's ``detshuffle2`` keeps its order across the two libraries. A
+    ``bufsize`` below 1 leaves the order alone, as there. ``handler`` is accepted for
+    webdataset compatibility; a shuffle has nothing to handle."""
     if seed is not None and rng is not None:
         raise ConfigError("shuffle: pass either rng or seed, not both")
-    if not isinstance(bufsize, Integral) or bufsize < 1:
-        raise ConfigError(f"shuffle: bufsize must be a positive integer, got {bufsize!r}")
+    if isinstance(bufsize, bool) or not isinstance(bufsize, Integral):
+        raise ConfigError(f"shuffle: bufsize must be an integer, got {bufsize!r}")
+    if bufsize < 1:
+        return iter(data)
     bufsize = int(bufsize)
-    return _shuffled(iter(data), bufsize, min(int(initial), bufsize), rng or random.Random(seed))
+    return _picked(iter(data), bufsize, min(int(initial), bufsize), rng or random.Random(seed))
+
+
+def _picked(it: Iterator[Any], bufsize: int, initial: int, rng: Any) -> Iterator[Any]:
+    """webdataset 1.0.2's loop: two samples in for each one out while the buffer is short,
+    each out by :func:`pick`."""
+    buf: list[Any] = []
+    for sample in it:
+        buf.append(sample)
+        if len(buf) < bufsize:
+            extra = next(it, _END)
+            if extra is not _END:
+                buf.append(extra)
+        if len(buf) >= initial:
+            yield pick(buf, rng)
+    while buf:
+        yield pick(buf, rng)
 
 
 def _shuffled(it: Iterator[Any], bufsize: int, initial: int, rng: Any) -> Iterator[Any]:
