@@ -184,6 +184,29 @@ def test_seeded_shuffles_give_webdataset_orders() -> None:
         assert list(ours_det.run(iter(range(80)))) == list(theirs_det.run(iter(range(80))))
 
 
+def test_unseeded_mixes_and_samples_follow_the_global_random_as_webdataset() -> None:
+    """Without ``seed``/``rng``, ``RandomMix`` and ``rsample`` draw from the global ``random``
+    as webdataset 1.0.2's do: after the same ``random.seed``, the same mix and the same kept
+    samples (what a job that seeds everything, or torch seeding each worker's ``random``,
+    relies on)."""
+    import random
+
+    sources = [[f"a{i}" for i in range(50)], [f"b{i}" for i in range(80)],
+               [f"c{i}" for i in range(30)]]
+    for probs, longest in [(None, False), (None, True), ([1, 3, 1], False),
+                           ([0.2, 0.3, 0.5], True), ([1, 0, 2], False)]:
+        mixes = []
+        for lib in (webdataset, wds):
+            random.seed(7)
+            mixes.append(list(lib.RandomMix(sources, probs, longest=longest)))
+        assert mixes[1] == mixes[0], (probs, longest)
+    kept = []
+    for lib in (webdataset, wds):
+        random.seed(3)
+        kept.append(list(lib.filters._rsample(iter(range(500)), 0.3)))
+    assert kept[1] == kept[0]
+
+
 def test_seed_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     urls = make_shards(tmp_path, nshards=12, per_shard=1)
     monkeypatch.setenv("WDS_SEED", "77")

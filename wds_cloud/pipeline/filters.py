@@ -352,7 +352,9 @@ def _rsample(
         raise ConfigError(f"rsample: p must be a probability in [0, 1], got {p!r}")
     if seed is not None and rng is not None:
         raise ConfigError("rsample: pass either rng or seed, not both")
-    rand = (rng or random.Random(seed)).random
+    # unseeded, the global ``random`` (as webdataset's ``random.uniform(0, 1)``, the same draws)
+    rand = rng.random if rng is not None else random.random if seed is None else \
+        random.Random(seed).random
     return (sample for sample in data if rand() < p)
 
 

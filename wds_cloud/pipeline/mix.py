@@ -1,8 +1,10 @@
 """Mixing samples from several datasets: :class:`RandomMix` and :class:`RoundRobin`.
 
 Both are lazy and picklable: nothing is opened until they are iterated, and each ``iter()``
-starts every dataset afresh. Randomness is explicit: :class:`RandomMix` draws from its own
-``random.Random`` (given, seeded, or seeded from the OS), never from the global ``random``.
+starts every dataset afresh. :class:`RandomMix` draws from the ``random.Random`` it is given
+(``rng``) or makes (``seed``); with neither, from the global ``random`` draw for draw as
+webdataset 1.0.2 does, so that ``random.seed(...)`` (and torch's seeding of each DataLoader
+worker's ``random``) makes the mix reproducible, and the same as webdataset's.
 """
 
 from __future__ import annotations
@@ -84,15 +86,18 @@ def random_samples(
     """
     live = list(sources)
     weights = _weights(probs, len(live))
-    rand = (rng or random.Random()).random
+    rand = rng.random if rng is not None else random.random
     while live:
-        cum = list(itertools.accumulate(weights))
-        total = cum[-1]
+        total = sum(weights)
         if total <= 0:
             return
+        # webdataset's pick: the first source whose share, summed, is above a uniform draw
+        # (bisect_right: never a zero-weight source; the last positive one if rounding left
+        # the sum just short of 1)
+        cum = list(itertools.accumulate(w / total for w in weights))
+        last = max(j for j, w in enumerate(weights) if w > 0)
         while True:
-            # bisect_right never picks a zero-weight source
-            i = bisect.bisect_right(cum, rand() * total)
+            i = min(bisect.bisect_right(cum, rand()), last)
             for item in live[i]:
                 yield item
                 break
@@ -109,8 +114,8 @@ class RandomMix:
 
     Stops at the first exhausted dataset, or with ``longest`` when all are exhausted.
     ``rng`` (shared across epochs) or ``seed`` (a fresh ``random.Random(seed)`` each epoch,
-    so every epoch mixes the same way) make the mix reproducible; with neither, each epoch
-    draws a new OS-seeded generator.
+    so every epoch mixes the same way) make the mix reproducible; with neither, it draws from
+    the global ``random``, as webdataset's does.
     """
 
     def __init__(
@@ -127,6 +132,6 @@ class RandomMix:
         self.rng = rng
 
     def __iter__(self) -> Iterator[Any]:
-        rng = self.rng or random.Random(self.seed)
+        rng = self.rng if self.seed is None else random.Random(self.seed)
         sources = [iter(d) for d in self.datasets]
         return random_samples(sources, self.probs, self.longest, rng=rng)
