@@ -204,7 +204,10 @@ def test_unseeded_mixes_and_samples_follow_the_global_random_as_webdataset() -> 
     for lib in (webdataset, wds):
         random.seed(3)
         kept.append(list(lib.filters._rsample(iter(range(500)), 0.3)))
-    assert kept[1] == kept[0]
+        random.seed(3)
+        kept.append(list(lib.tariterators.shardlist([f"s{i}.tar" for i in range(30)],
+                                                    shuffle=True)))
+    assert kept[2:] == kept[:2]
 
 
 def test_seed_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

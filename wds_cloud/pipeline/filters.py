@@ -6,8 +6,9 @@ checked when the stage starts (when the pipeline is iterated), before the first 
 
 Stages that take ``handler`` call it with any exception a sample raises: the handler re-raises,
 returns ``True`` (skip the sample) or ``False`` (end the stage), see :mod:`wds_cloud.handlers`.
-Randomness is explicit: ``shuffle`` and ``rsample`` take ``rng`` or ``seed`` and otherwise use a
-fresh ``random.Random()`` seeded from the OS; the module-global ``random`` is never used.
+Randomness follows webdataset 1.0.2 draw for draw: ``shuffle`` and ``rsample`` take ``rng``
+or ``seed``; without them ``shuffle`` seeds a fresh ``random.Random()`` from the OS (1.0.2
+from the time and pid) and ``rsample`` draws from the global ``random``, as 1.0.2's does.
 A sample that lacks a key a stage asks for raises
 :class:`~wds_cloud.errors.ShardFormatError` naming the sample, the keys and the shard.
 

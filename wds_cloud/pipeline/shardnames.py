@@ -18,11 +18,11 @@ __all__ = ["check_pid_is_running", "get_pid_from_filename", "shardlist", "withou
 
 def shardlist(urls: str | Iterable[str], *, shuffle: bool = False) -> Iterator[dict[str, str]]:
     """``dict(url=...)`` for each URL of ``urls`` (a brace pattern or an iterable), once, in a
-    fresh random order with ``shuffle`` (webdataset's ``tariterators.shardlist``; it used the
-    global ``random``, here a generator of its own, seeded from the system)."""
+    random order with ``shuffle``, from the global ``random`` (webdataset's
+    ``tariterators.shardlist``, the same draws)."""
     items = list(braceexpand.braceexpand(urls) if isinstance(urls, str) else urls)
     if shuffle:
-        random.Random().shuffle(items)
+        random.shuffle(items)
     for url in items:
         yield {"url": url}
 
