@@ -46,6 +46,16 @@ def member_larger_than_stream(path: Path) -> str:
     return str(path)
 
 
+def empty(path: Path) -> str:
+    path.write_bytes(b"")  # a failed upload: webdataset's handler gets ReadError('empty file')
+    return str(path)
+
+
+def empty_pipe(path: Path) -> str:
+    path.write_bytes(b"")
+    return f"pipe:cat {path}"
+
+
 def missing(path: Path) -> str:
     return str(path.with_name("does-not-exist.tar"))
 
@@ -60,6 +70,8 @@ CASES: dict[str, tuple[Callable[[Path], str], type[BaseException], str]] = {
     "garbage": (garbage, wds.ShardFormatError, "offset=0"),
     "member larger than stream": (member_larger_than_stream, wds.ShardFormatError, "s0100.txt"),
     "missing file": (missing, wds.ShardNotFoundError, "does-not-exist.tar"),
+    "empty file": (empty, wds.ShardFormatError, "empty shard: 0 bytes"),
+    "empty pipe": (empty_pipe, wds.ShardFormatError, "empty shard: 0 bytes"),
     "pipe failing midway": (failing_pipe, wds.PipeError, "network is down"),
 }
 
@@ -92,6 +104,16 @@ def test_handler_skips_bad_shard_and_keeps_good_ones(case: str, tmp_path: Path) 
     assert [k for k in keys if k in good_keys] == good_keys
     assert all(k in good_keys or k.startswith("s01") for k in keys)
     assert any(error.__name__ in str(w.message) for w in warned)
+
+
+def test_an_archive_with_no_members_is_no_error(tmp_path: Path) -> None:
+    """Only a shard of 0 bytes is damage: a tar archive with no members (its end blocks only)
+    yields nothing, quietly, as in webdataset."""
+    tarfile.open(tmp_path / "none.tar", "w").close()
+    good = tmp_path / "a.tar"
+    write_shard(good, range(3))
+    urls = [str(tmp_path / "none.tar"), str(good)]
+    assert len(list(wds.WebDataset(urls, shardshuffle=False))) == 3
 
 
 def test_empty_shard_list_is_a_clear_error() -> None:

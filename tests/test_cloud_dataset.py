@@ -146,3 +146,27 @@ def test_readahead_threads_end_with_the_iteration(
         if thread.name.startswith("wds-readahead"):
             thread.join(timeout=5)
     assert not [t for t in threading.enumerate() if t.name.startswith("wds-readahead")]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_an_empty_object_in_the_middle_goes_to_the_handler(
+    store_factory: StoreFactory, tmp_path: Any, cached: bool,
+) -> None:
+    """A 0-byte object (a failed upload) among good shards: the handler hears of it by URL,
+    through the shard cache too, and the other shards' samples all arrive."""
+    store = store_factory("s3")
+    keys = _seed(store, tmp_path, shards=2)
+    store.put("data/empty.tar", b"")
+    urls = [store.url(keys[0]), store.url("data/empty.tar"), store.url(keys[1])]
+    heard: list[BaseException] = []
+
+    def handler(exn: BaseException) -> bool:
+        heard.append(exn)
+        return True
+
+    options: dict[str, Any] = {"cache_dir": str(tmp_path / "cache")} if cached else {}
+    dataset = wds.WebDataset(urls, shardshuffle=False, handler=handler,
+                             storage_options=store.storage_options, **options)
+    assert len([s["__key__"] for s in dataset]) == 20
+    assert len(heard) == 1 and isinstance(heard[0], wds.ShardFormatError)
+    assert "empty shard: 0 bytes" in str(heard[0]) and "empty.tar" in str(heard[0])

@@ -41,6 +41,8 @@ import sys
 from collections.abc import Iterator
 from typing import BinaryIO, TypeGuard
 
+from ..errors import ShardFormatError
+from ..urls import redact
 from .bulk import Member, fast_batch
 from .compress import CHUNK_SIZE, tar_source
 from .header import (
@@ -178,7 +180,7 @@ def member_start(marks: Marks, batch: list[Member], j: int) -> int:
 def iter_member_batches(
     stream: BinaryIO, *, url: str = "", chunk_size: int = CHUNK_SIZE,
     marks: list[Marks] | None = None, following: Following | None = None,
-    zero_copy: bool = False,
+    zero_copy: bool = False, resumed: bool = False,
 ) -> Iterator[list[Member]]:
     """Yield the regular members of the tar archive in ``stream`` as lists of ``(name, data)``.
 
@@ -192,16 +194,21 @@ def iter_member_batches(
     on before the next member's data is read (one large ``bytes`` fewer alive at a time).
     ``zero_copy``: a local file's members are ``memoryview`` slices of a memory map of it
     instead of ``bytes`` (no copy; each keeps the map alive while it lives); other streams'
-    are ``bytes``.
+    are ``bytes``. A stream with no byte at all is a :class:`ShardFormatError` (as
+    webdataset's ``ReadError('empty file')``), unless it is ``resumed`` (it starts mid-archive).
     """
     read = positional(stream)
     if read is None:
         # the first read is one header: a large first member is then read like any other
         source, head = tar_source(stream, url, peek=BLOCK)
         compressed = getattr(source, "__self__", None) is not stream
+        if not (head or compressed or resumed):
+            raise _empty(url)
         reader = MemberReader(source, head, url, max(chunk_size, BLOCK))
         yield from _batches(reader, compressed, marks, following)
         return
+    if read.limit == 0 and not resumed:
+        raise _empty(url)
     reader = MemberReader(read, b"", url, max(chunk_size, BLOCK))
     with file_view(read) if zero_copy else contextlib.nullcontext() as view:
         if view is not None:
@@ -213,6 +220,11 @@ def iter_member_batches(
         finally:
             with contextlib.suppress(OSError, ValueError):  # the stream is where reading stopped
                 stream.seek(read.start + reader.off + reader.pos)
+
+
+def _empty(url: str) -> ShardFormatError:
+    return ShardFormatError("empty shard: 0 bytes where a tar archive was expected",
+                            url=redact(url), offset=0)
 
 
 _MIN_WINDOW = 8 << 10  # the smallest window of a regular file's headers and small members

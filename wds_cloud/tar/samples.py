@@ -238,14 +238,14 @@ class _Outcome:
 
 def _batches(stream: BinaryIO, url: str, handler: Handler | None, outcome: _Outcome,
              marks: list[Marks] | None = None, following: Following | None = None,
-             zero_copy: bool = False) -> Iterator[list[Member]]:
+             zero_copy: bool = False, resumed: bool = False) -> Iterator[list[Member]]:
     """The shard's member batches; a read error goes to ``handler``, whose answer (go on to
     the next shard, or stop) is stored in ``outcome``; with no handler the error is kept in
     ``outcome.error`` for the caller to hand on (:meth:`_Outcome.handle`). ``zero_copy``: see
     :func:`~wds_cloud.tar.reader.iter_member_batches`."""
     try:
         yield from iter_member_batches(stream, url=url, marks=marks, following=following,
-                                       zero_copy=zero_copy)
+                                       zero_copy=zero_copy, resumed=resumed)
     except Exception as exn:
         outcome.damaged = True
         member = getattr(exn, "member", None) if isinstance(exn, ShardFormatError) else None

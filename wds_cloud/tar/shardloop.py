@@ -136,7 +136,7 @@ def samples_from_shards(
                     offset = skip = 0
                     cursor.begin(url, str(getattr(stream, "version", None) or ""), 0, 0)
             samples = _shard_samples(stream, url, handler, select_files, rename_files, cursor,
-                                     zero_copy)
+                                     zero_copy, resumed=offset > 0)
             if skip and offset <= 0:
                 samples = _skipping(samples, skip, cursor)
             go_on = yield from samples
@@ -187,8 +187,10 @@ def _skipping(samples: Generator[Sample, None, bool], skip: int,
 def _shard_samples(
     stream: BinaryIO, url: str, handler: Handler, select_files: Selector | None,
     rename_files: Renamer | None, cursor: ShardCursor | None = None, zero_copy: bool = False,
+    *, resumed: bool = False,
 ) -> Generator[Sample, None, bool]:
-    """The fused loop for one shard; returns False when the handler says stop."""
+    """The fused loop for one shard (``resumed``: its stream starts mid-archive); returns
+    False when the handler says stop."""
     local_path = getattr(stream, "local_path", None)
     hooks = select_files is not None or rename_files is not None
     current: Sample = {}
@@ -198,7 +200,7 @@ def _shard_samples(
     following: Following = [None]
     # the handler sees a read error only once the sample complete before it is out
     for batch in _batches(stream, url, None, outcome, marks, None if hooks else following,
-                          zero_copy):
+                          zero_copy, resumed):
         for j, (name, data) in enumerate(batch):
             if name.startswith("__") and _is_meta(name, _META):
                 continue
