@@ -86,8 +86,8 @@ def _read(router: Router, url: str, parse: Any) -> Any | None:
     try:
         with router.open(url) as stream:
             text = stream.read().decode("utf-8")
-    except (ShardNotFoundError, FileNotFoundError):
-        return None
+    except (ShardNotFoundError, FileNotFoundError, NotADirectoryError):
+        return None  # (NotADirectoryError: ``top`` is a local file, not a directory)
     except OpenError as exc:
         if "is a directory" in str(exc):
             return None

@@ -254,6 +254,30 @@ splits:
       a: {path: ./coco}
     joiner: {__module__: x, __class__: Y}
 """, r"mds\.yaml: splits\.train\.join: joining datasets .* is not supported"),
+    "join in a blend": ("""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - weight: 1
+        join:
+          image_source:
+            path: ./coco
+          caption_source:
+            path: ./coco
+        joiner:
+          __module__: megatron.energon
+          __class__: CaptioningSample
+""", r"mds\.yaml: splits\.train\.blend\[0\]\.join: joining datasets .* is not supported"),
+    "a JSONL dataset": ("""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    path: ./my_dataset.jsonl
+""", r"mds\.yaml: splits\.train\.path: .*my_dataset\.jsonl: Energon's JSONL datasets .* "
+     r"are not supported here"),
     "no split": ("""\
 __module__: megatron.energon
 __class__: MetadatasetV2
@@ -312,6 +336,19 @@ splits:
     strict = Checked(capsys, "mds.yaml", "--strict")
     assert strict.returncode == 1
     assert "shuffle_over_epochs_multiplier: not used here" in strict.stderr
+    assert "dataset.yaml" not in strict.stderr  # what energon prepare wrote is only noted
+    (tmp_path / "plain.yaml").write_text("""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - weight: 1
+        path: ./coco
+""")
+    plain = Checked(capsys, "plain.yaml", "--strict")
+    assert plain.returncode == 0, plain.stderr
+    assert "coco/.nv-meta/dataset.yaml: sample_type, field_map" in plain.stdout
     with pytest.raises(SpecError, match="shuffle_over_epochs_multiplier: not used here"):
         load_spec(tmp_path / "mds.yaml", strict=True)
 

@@ -91,7 +91,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--split", metavar="NAME",
                    help="the split of an Energon metadataset (default train)")
     p.add_argument("--strict", action="store_true",
-                   help="refuse keys read but not used here (e.g. Energon's sample_type)")
+                   help="refuse keys of the spec read but not used here (e.g. Energon's "
+                   "sample_type in a blend entry; what energon prepare wrote into a dataset's "
+                   ".nv-meta/dataset.yaml is only noted)")
     p.add_argument("--world-size", type=_positive, default=1, metavar="R",
                    help="ranks (default 1)")
     p.add_argument("--workers", type=_count, default=1, metavar="W",
@@ -148,9 +150,9 @@ def cmd_spec(args: argparse.Namespace) -> int:
     rows = rows_of(spec, found, shape, seed)
     warnings = warnings_of(spec, rows, shape) + _extension_warnings(spec, found)
     unused = list(dict.fromkeys([*spec.unused, *(note for got in found for note in got.notes)]))
-    if args.strict and unused:
+    if args.strict:  # the spec's own keys; a prepared dataset's .nv-meta stays a note
         invalid += [f"invalid spec: {spec.origin}: {key}: not used here: {why} (--strict)"
-                    for key, why in unused]
+                    for key, why in spec.unused]
     sim = None
     if args.simulate:
         if spec.mode != "mix":

@@ -109,9 +109,7 @@ def _node(r: Reader, node: Any, where: str, split: str) -> tuple[str, list[_Leaf
         raise r.fail(where, f"expected blend:, blend_epochized: or a dataset path:, got "
                      f"{type(node).__name__}")
     at = f"{where}." if where else ""
-    if "join" in node or "joiner" in node:
-        raise r.fail(f"{at}join", "joining datasets (Energon's join/joiner) is not supported "
-                     "here: list the datasets in a blend, or join their samples in .map()")
+    _refuse_join(r, node, where)
     kinds = [k for k in ("blend", "blend_epochized", "datasets") if k in node]
     if len(kinds) > 1:
         raise r.fail(where, f"give one of blend, blend_epochized, not both ({', '.join(kinds)})")
@@ -158,6 +156,14 @@ def _weight(r: Reader, entry: Any, path: str) -> tuple[float, WeightSchedule | N
     return r.weight(value, f"{path}.weight")
 
 
+def _refuse_join(r: Reader, node: Any, where: str) -> None:
+    """Energon's ``join``/``joiner`` (a split's, or a blend entry's): refused by name."""
+    if isinstance(node, Mapping) and ("join" in node or "joiner" in node):
+        at = f"{where}." if where else ""
+        raise r.fail(f"{at}join", "joining datasets (Energon's join/joiner) is not supported "
+                     "here: list the datasets in a blend, or join their samples in .map()")
+
+
 def _refuse_subset(r: Reader, path: str) -> None:
     raise r.fail(path, "Energon's subset ranges are not supported here yet: remove it to read "
                  "the whole dataset, or list the shards to read in the prepared dataset's "
@@ -168,6 +174,7 @@ def _reference(r: Reader, entry: Any, path: str, split: str, scale_key: str,
                inherited: dict[str, Any]) -> list[_Leaf]:
     """The leaves of one dataset reference (a nested metadataset gives several)."""
     known = (*_REFERENCE, *_LOADING, *((scale_key,) if scale_key else ()))
+    _refuse_join(r, entry, path)
     d, _ = r.mapping(entry, path, known)
     for key in _LOADING:
         if key in d:
@@ -186,6 +193,10 @@ def _reference(r: Reader, entry: Any, path: str, split: str, scale_key: str,
     scale = (r.number(d[scale_key], f"{path}.{scale_key}", f"{scale_key} >= 0")
              if scale_key == "repetitions" and scale_key in d else 1.0)
     location = r.location(d["path"], f"{path}.path")
+    if location.endswith(".jsonl"):
+        raise r.fail(f"{path}.path", f"{location}: Energon's JSONL datasets (a .jsonl file "
+                     "with its .idx) are not supported here: name an Energon-prepared dataset "
+                     "of tar shards, a directory of shards, or another metadataset .yaml")
     if location.endswith((".yaml", ".yml", ".json")):
         return _nested(r, location, path, part, scale_key, scale, merged)
     split_config = (r.text(d["split_config"], f"{path}.split_config")
