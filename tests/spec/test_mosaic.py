@@ -214,3 +214,26 @@ def test_dataset_keys_map_onto_settings_or_are_listed_as_not_used(tmp_path: Path
         sorted(keys[3:]) == [f"A-00-{i:04d}" for i in range(3)]
     with pytest.raises(SpecError, match=r"predownload: not used here: Mosaic's samples"):
         load_spec(data, strict=True)
+
+
+def test_absent_shuffle_keys_take_mosaics_defaults(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``shuffle`` StreamingDataset does not shuffle, and without ``shuffle_seed`` it
+    seeds with 9176, so that a run repeats: the same here. ``seed=`` (or ``WDS_SEED``) still
+    wins over that default."""
+    monkeypatch.delenv("WDS_SEED", raising=False)
+    put_shards(local_put(tmp_path), "A", "A", 4, 5)
+    plain = {"streams": {"a": {"local": str(tmp_path / "A")}}}
+    spec = load_spec(plain)
+    assert (spec.shuffle, spec.seed) == (False, 9176)
+    shuffled = {**plain, "shuffle": True}
+    assert load_spec(shuffled).seed == 9176
+
+    def keys(data: dict[str, object], **kw: object) -> list[object]:
+        return [s["__key__"] for s in wds.WebDataset(data, **kw)]
+
+    listed = keys(plain)
+    assert listed == sorted(listed) and len(listed) == 20
+    first = keys(shuffled)
+    assert first == keys(shuffled) and sorted(first) == listed and first != listed
+    assert keys(shuffled, seed=5) != first

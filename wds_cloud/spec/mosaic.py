@@ -12,7 +12,8 @@ samples), ``repeat`` (a multiplier of the stream's samples per epoch) or ``choos
 epoch, never shards); proportions and ``repeat``/``choose`` do not mix (Mosaic's rule). With
 none of them every sample is read once per epoch, or with ``epoch_size`` streams share it by
 size. ``shuffle``, ``shuffle_seed``, ``cache_limit``, ``download_retry`` and
-``download_timeout`` map onto our shuffle, seed, cache bound, retries and timeout; the keys of
+``download_timeout`` map onto our shuffle, seed, cache bound, retries and timeout, with Mosaic's
+defaults (``shuffle: false``; ``shuffle_seed: 9176``, below ``WDS_SEED`` and ``seed=``); the keys of
 Mosaic's own partitioning and of llm-foundry's tokenization are noted as not used here.
 """
 
@@ -29,6 +30,9 @@ from .reader import Reader, finish
 from .schema import DatasetSpec, SourceSpec, expand_braces, refuse_pipe
 
 __all__ = ["parse_mosaic"]
+
+#: ``StreamingDataset``'s default ``shuffle_seed``: a run is repeatable unless a seed is given
+MOSAIC_SEED = 9176
 
 _STREAM = ("remote", "local", "split", "proportion", "repeat", "choose", "download_retry",
            "download_timeout", "validate_hash", "keep_zip")
@@ -96,10 +100,12 @@ def parse_mosaic(r: Reader, data: Any) -> DatasetSpec:
                                        "seconds > 0")
     if top.get("cache_limit") is not None:
         settings["cache_size"] = _bytes(r, top["cache_limit"], "cache_limit")
-    return finish(r, sources, seed=r.seed(top.get("shuffle_seed"), "shuffle_seed"),
+    seed = top.get("shuffle_seed")
+    shuffle = top.get("shuffle")
+    return finish(r, sources, seed=MOSAIC_SEED if seed is None else r.seed(seed, "shuffle_seed"),
                   mode="samples", dialect="mosaic", epoch_size=epoch_size,
-                  shuffle=r.flag(top["shuffle"], "shuffle") if top.get("shuffle") is not None
-                  else True, settings=settings, shares=shares)
+                  shuffle=False if shuffle is None else r.flag(shuffle, "shuffle"),
+                  settings=settings, shares=shares)
 
 
 def _entries(r: Reader, value: Any) -> list[tuple[str, str, Any]]:
