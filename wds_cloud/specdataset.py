@@ -19,7 +19,7 @@ import random
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from .errors import ConfigError
 from .handlers import Handler, reraise_exception
@@ -211,6 +211,16 @@ def _counts(spec: DatasetSpec, listed: list[Listed], read: _SpecReader) -> list[
     return out
 
 
+def spec_opener(settings: Settings, storage_options: Mapping[str, Any],
+                url_to_name: Callable[[str], str] | None = None) -> Callable[[str], BinaryIO]:
+    """Opens a spec file at a URL (``s3://bucket/specs/train.yaml``) and those it names: the
+    dataset's router (rewriting, AIStore, its storage options), never the shard cache."""
+    from .router import Router
+
+    return Router(dataclasses.replace(settings, cache_dir=None), dict(storage_options),
+                  url_to_name).open
+
+
 def spec_source(
     spec: SpecLike, *, settings: Settings, seed: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
@@ -226,7 +236,8 @@ def spec_source(
     :class:`~wds_cloud.spec.quota.SpecSampleEpochs`. ``split``: an Energon metadataset's split;
     ``zero_copy``: see :class:`~wds_cloud.reading.ShardOpener`.
     """
-    loaded = load_spec(spec, environ=settings.environ, allow_pipe=allow_pipe, split=split)
+    loaded = load_spec(spec, environ=settings.environ, allow_pipe=allow_pipe, split=split,
+                       open_stream=spec_opener(settings, storage_options or {}, url_to_name))
     chosen = _seed(seed, settings, loaded)
     openers = _openers(loaded, settings, storage_options or {}, url_to_name, zero_copy)
     listed = _listed(loaded, openers)
@@ -271,7 +282,8 @@ class MultiShardSample(DataPipeline):
         super().__init__()
         settings = Settings.from_env()  # a composition root of its own
         self.spec = load_spec(fname, environ=settings.environ, allow_pipe=allow_pipe,
-                              split=split)
+                              split=split, open_stream=spec_opener(settings,
+                                                                   storage_options or {}))
         if self.spec.mode == "samples":
             raise ConfigError(f"{self.spec.origin}: MultiShardSample yields shards, but this "
                               f"{self.spec.dialect} spec counts samples per epoch; read it with "

@@ -6,6 +6,7 @@ DataLoader workers and two ranks, and every bad input named by file and key."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
@@ -221,6 +222,56 @@ def test_a_prepared_directory_and_a_plain_one_as_webdataset_sources(tmp_path: Pa
     with pytest.raises(ShardNotFoundError, match=r"datasets\[0\] \('e'\): .*empty' has no "
                        r"\.nv-meta/ \(an Energon-prepared dataset\) and no \*\.tar"):
         list(wds.WebDataset({"datasets": [{"name": "e", "shards": str(tmp_path / "empty")}]}))
+
+
+def test_metadatasets_in_a_bucket_name_their_datasets_relative_to_themselves(
+        s3_datasets: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    """A metadataset kept beside the datasets in the bucket (as Energon's users keep them in
+    object storage), naming a nested one and the datasets by relative paths: read by
+    ``WebDataset(url)``, ``spec check URL`` and ``ls`` of a glob of them; a missing one is an
+    error naming its URL."""
+    s3_datasets.put("specs/inner.yaml", b"""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - weight: 3
+        path: ../coco
+      - weight: 1
+        path: ../coyo
+""")
+    s3_datasets.put("specs/outer.yaml", b"""\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - weight: 1
+        path: ./inner.yaml
+        subflavors: {source: outer}
+      - weight: 1
+        path: ../other
+""")
+    options = s3_datasets.storage_options
+    url = s3_datasets.url("specs/outer.yaml")
+    dataset = wds.WebDataset(url, seed=3, storage_options=options).with_epoch(4000)
+    shares = Counter(s["__source__"] for s in dataset)
+    total = sum(shares.values())
+    for name, share in {"coco": 0.375, "coyo": 0.125, "other": 0.5}.items():
+        assert shares[name] / total == pytest.approx(share, abs=0.03), shares
+    as_json = json.dumps(options)
+    done = Checked(capsys, url, "--storage-options", as_json)
+    assert done.returncode == 0, done.stderr
+    assert "dialect: energon" in done.stdout and "coco" in done.stdout
+    assert main(["ls", s3_datasets.url("specs/*.yaml"), "--storage-options", as_json]) == 0
+    listed = capsys.readouterr().out
+    assert "specs/inner.yaml" in listed and "specs/outer.yaml" in listed
+    missing = s3_datasets.url("specs/nothing.yaml")
+    with pytest.raises(SpecError, match=re.escape(missing) + ": cannot read the spec: no such"):
+        wds.WebDataset(missing, storage_options=options)
+    with pytest.raises(SpecError, match=r"open_stream=wds\.gopen"):
+        load_spec(url)
 
 
 BAD = {

@@ -266,9 +266,11 @@ class Inputs:
 
     def _spec_shards(self, given: str) -> list[Input]:
         from ..spec import load_spec
+        from ..specdataset import spec_opener
         from ..specshards import list_source
 
-        spec = load_spec(given, environ=self.settings.environ, allow_pipe=True)
+        spec = load_spec(given, environ=self.settings.environ, allow_pipe=True,
+                         open_stream=spec_opener(self.settings, self.options))
         found: list[Input] = []
         for source in spec.sources:
             options = source_options(self.options, spec, source)
@@ -308,9 +310,10 @@ def _is_directory(url: str) -> bool:
 
 
 def _is_spec(given: str) -> bool:
+    """A spec file; a glob (``s3://b/specs/*.yaml``) names files to list, not one spec."""
     from ..spec.schema import is_spec_path
 
-    return is_spec_path(given)
+    return is_spec_path(given) and not any(c in given.partition("#")[0] for c in "*?[")
 
 
 def _scheme(url: str) -> str:

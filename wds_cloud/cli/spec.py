@@ -120,11 +120,13 @@ def add_parser(sub: Any) -> None:
 def cmd_spec(args: argparse.Namespace) -> int:
     """Run ``wds-cloud spec check``; the exit status."""
     from ..spec import load_spec
+    from ..specdataset import spec_opener
 
     settings = Settings.from_env()
     try:
         spec = load_spec(args.file, environ=settings.environ, allow_pipe=args.allow_pipe,
-                         split=args.split, strict=args.strict)
+                         split=args.split, strict=args.strict,
+                         open_stream=spec_opener(settings, storage_options(args)))
     except (ConfigError, UnsafeURLError) as exc:
         if isinstance(exc.__cause__, OSError):  # the spec file (or one it names) unreadable
             print(f"wds-cloud spec check: {exc}", file=sys.stderr)

@@ -222,9 +222,10 @@ def _nested(r: Reader, location: str, path: str, split: str, scale_key: str, sca
     """The leaves of the metadataset file at ``location`` (its ``split`` split)."""
     from .files import read_document
 
-    doc = read_document(location, r.environ())
+    doc = read_document(location, r.environ(), r.open_stream)
     inner = Reader(doc.origin, r.environ(), r.allow_pipe,
-                   base=os.path.dirname(doc.path) or ".", strict=r.strict)
+                   base=os.path.dirname(doc.path) or ".", strict=r.strict,
+                   open_stream=r.open_stream)
     inner.unused = r.unused
     inner.nested = True
     top = _top(inner, doc.data)

@@ -1,7 +1,9 @@
 """Reading a spec document: YAML or JSON, a section of a larger config (``FILE#key.path``), and
 the interpolations of training configs.
 
-Layer 2: stdlib and pyyaml; the only I/O is reading the spec file itself.
+Layer 2: stdlib and pyyaml; the only I/O is reading the spec file itself: a local path here,
+a URL (``s3://``, ``gs://``, ``https://``, ...) through the stream-opening callable the caller
+gives (the dataset's and the CLI's openers).
 
 - ``train.yaml#train_loader.dataset`` names the mapping at that key path (dots; ``[i]`` or a
   number for a list item), so an llm-foundry or Hydra training YAML is used as it is. A whole
@@ -19,13 +21,16 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from ..errors import SpecError
+from ..errors import OpenError, ShardNotFoundError, SpecError
 
-__all__ = ["Document", "read_document", "split_section"]
+__all__ = ["Document", "OpenStream", "is_url", "read_document", "split_section"]
+
+#: opens a URL for reading (the dataset's router, :func:`wds_cloud.gopen`)
+OpenStream = Callable[[str], BinaryIO]
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +62,17 @@ def split_section(spec: str) -> tuple[str, str]:
     return spec, ""
 
 
-def read_document(spec: str | os.PathLike[str], environ: Mapping[str, str]) -> Document:
-    """Load the spec file (``FILE`` or ``FILE#key.path``) named by ``spec``."""
+def is_url(path: str) -> bool:
+    """Whether ``path`` is a URL a store serves (``s3://...``), not a local path."""
+    return "://" in path and not path.startswith("file://")
+
+
+def read_document(spec: str | os.PathLike[str], environ: Mapping[str, str],
+                  open_stream: OpenStream | None = None) -> Document:
+    """Load the spec file (``FILE`` or ``FILE#key.path``) named by ``spec``; a URL is read
+    with ``open_stream``."""
     path, section = split_section(os.fspath(spec))
-    text = _read(path)
+    text = _read(path, open_stream)
     if path.endswith(".json"):
         try:
             data = json.loads(text)
@@ -81,13 +93,33 @@ def read_document(spec: str | os.PathLike[str], environ: Mapping[str, str]) -> D
     return Document(_interpolate(data, root, environ, origin), origin, path)
 
 
-def _read(path: str) -> str:
+def _read(path: str, open_stream: OpenStream | None) -> str:
+    if is_url(path):
+        return _read_url(path, open_stream)
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path.removeprefix("file://")).read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise SpecError(f"{path}: cannot read the spec: no such file") from exc
     except OSError as exc:
         raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from exc
+
+
+def _read_url(url: str, open_stream: OpenStream | None) -> str:
+    if open_stream is None:
+        raise SpecError(f"{url}: a spec at a URL is read with the dataset's openers: "
+                        "WebDataset(url) and wds-cloud read it, or load_spec(url, "
+                        "open_stream=wds.gopen)")
+    try:
+        with open_stream(url) as stream:
+            data = stream.read()
+    except (ShardNotFoundError, FileNotFoundError) as exc:
+        raise SpecError(f"{url}: cannot read the spec: no such object") from exc
+    except (OpenError, OSError) as exc:
+        raise SpecError(f"{url}: cannot read the spec: {exc}") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{url}: cannot read the spec: not UTF-8 text ({exc})") from exc
 
 
 def _yaml(text: str, path: str) -> Any:

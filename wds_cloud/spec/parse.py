@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..urls import merge_scheme_options
+from .files import OpenStream
 from .reader import Reader, finish
 from .schema import (
     ALIASES,
@@ -50,10 +51,11 @@ def dialect_of(data: Any) -> str:
 
 def parse(data: Any, *, origin: str, environ: Mapping[str, str] | None, allow_pipe: bool,
           split: str | None = None, strict: bool = False,
-          base: str | None = None) -> DatasetSpec:
+          base: str | None = None, open_stream: OpenStream | None = None) -> DatasetSpec:
     """The :class:`DatasetSpec` of ``data`` (a dict as YAML or JSON loads it), read by its
-    dialect; ``split`` (Energon's splits; default ``train``), ``base`` (relative paths)."""
-    r = Reader(origin, environ, allow_pipe, base=base, strict=strict)
+    dialect; ``split`` (Energon's splits; default ``train``), ``base`` (relative paths),
+    ``open_stream`` (reads the spec files it names at URLs)."""
+    r = Reader(origin, environ, allow_pipe, base=base, strict=strict, open_stream=open_stream)
     if data is None:
         raise r.fail("", "the spec is empty; it needs a 'datasets' list (webdataset), "
                      "'splits' (Energon) or 'streams' (Mosaic)")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from ..errors import SpecError
+from .files import OpenStream, is_url
 from .schedule import WeightSchedule, check_positive, read_schedule
 from .schema import DatasetSpec, SourceSpec, close_key, expand_vars
 
@@ -30,12 +32,15 @@ class Reader:
     """
 
     def __init__(self, origin: str, environ: Mapping[str, str] | None, allow_pipe: bool, *,
-                 base: str | None = None, strict: bool = False) -> None:
+                 base: str | None = None, strict: bool = False,
+                 open_stream: OpenStream | None = None) -> None:
         self.origin = origin
         self._environ = environ
         self.allow_pipe = allow_pipe
         self.base = base
         self.strict = strict
+        #: reads the spec files a spec names at URLs (Energon's nested metadatasets)
+        self.open_stream = open_stream
         self.unused: list[tuple[str, str]] = []
         #: reading a metadataset that another one includes (Energon)
         self.nested = False
@@ -162,6 +167,9 @@ class Reader:
             raise self.fail(path, "empty: give a directory, prefix or shard pattern")
         if self.base is not None and "://" not in text and not text.startswith(
                 ("/", "pipe:", "-")) and ":" not in text.split("/")[0]:
+            if is_url(self.base):  # beside a spec in a bucket: s3://b/specs + ../x
+                scheme, _, rest = self.base.partition("://")
+                return f"{scheme}://{posixpath.normpath(posixpath.join(rest, text))}"
             return os.path.normpath(os.path.join(self.base, text))
         return text
 

@@ -36,9 +36,9 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import braceexpand
 
@@ -162,29 +162,33 @@ class DatasetSpec:
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
                   allow_pipe: bool = False, split: str | None = None,
-                  strict: bool = False) -> DatasetSpec:
+                  strict: bool = False,
+                  open_stream: Callable[[str], BinaryIO] | None = None) -> DatasetSpec:
         """Load a YAML spec file (``FILE`` or ``FILE#key.path``: see :func:`load_spec`)."""
-        return _load_file(path, environ, allow_pipe, split, strict)
+        return _load_file(path, environ, allow_pipe, split, strict, open_stream)
 
     @classmethod
     def from_json(cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
                   allow_pipe: bool = False, split: str | None = None,
-                  strict: bool = False) -> DatasetSpec:
+                  strict: bool = False,
+                  open_stream: Callable[[str], BinaryIO] | None = None) -> DatasetSpec:
         """Load a JSON spec file (``FILE`` or ``FILE#key.path``)."""
-        return _load_file(path, environ, allow_pipe, split, strict)
+        return _load_file(path, environ, allow_pipe, split, strict, open_stream)
 
     @classmethod
     def from_dict(cls, data: Any, *, origin: str = "<dict>",
                   environ: Mapping[str, str] | None = None, allow_pipe: bool = False,
                   split: str | None = None, strict: bool = False,
-                  base: str | os.PathLike[str] | None = None) -> DatasetSpec:
+                  base: str | os.PathLike[str] | None = None,
+                  open_stream: Callable[[str], BinaryIO] | None = None) -> DatasetSpec:
         """Validate a spec given as a dict (as YAML or JSON would load it); relative paths of
         Energon's and Mosaic's sources are taken from ``base`` (default: the working
-        directory)."""
+        directory); ``open_stream`` reads the spec files it names at URLs."""
         from .parse import parse
 
         return parse(data, origin=origin, environ=environ, allow_pipe=allow_pipe, split=split,
-                     strict=strict, base=os.fspath(base) if base is not None else None)
+                     strict=strict, base=os.fspath(base) if base is not None else None,
+                     open_stream=open_stream)
 
     # ------------------------------------------------------------------ shares
     def scale_factors(self, epoch: int, seed: int) -> tuple[float, ...]:
@@ -273,7 +277,8 @@ class DatasetSpec:
 
 
 def _load_file(path: str | os.PathLike[str], environ: Mapping[str, str] | None,
-               allow_pipe: bool, split: str | None, strict: bool) -> DatasetSpec:
+               allow_pipe: bool, split: str | None, strict: bool,
+               open_stream: Callable[[str], BinaryIO] | None) -> DatasetSpec:
     from .files import read_document
     from .parse import parse
 
@@ -281,9 +286,10 @@ def _load_file(path: str | os.PathLike[str], environ: Mapping[str, str] | None,
         from ..settings import Settings
 
         environ = Settings.from_env().environ
-    doc = read_document(path, environ)
+    doc = read_document(path, environ, open_stream)
     return parse(doc.data, origin=doc.origin, environ=environ, allow_pipe=allow_pipe,
-                 split=split, strict=strict, base=os.path.dirname(doc.path) or ".")
+                 split=split, strict=strict, base=os.path.dirname(doc.path) or ".",
+                 open_stream=open_stream)
 
 
 def is_spec_path(spec: object) -> bool:
@@ -300,21 +306,24 @@ def is_spec_path(spec: object) -> bool:
 
 def load_spec(spec: Any, *, environ: Mapping[str, str] | None = None,
               allow_pipe: bool = False, split: str | None = None,
-              strict: bool = False) -> DatasetSpec:
+              strict: bool = False,
+              open_stream: Callable[[str], BinaryIO] | None = None) -> DatasetSpec:
     """A :class:`DatasetSpec` from a ``.yaml``/``.yml``/``.json`` path (``FILE#key.path`` names
     a section of a larger config, e.g. ``train.yaml#train_loader.dataset``), a dict, or a spec.
 
     The dialect is the file's: webdataset's ``datasets:``, Megatron-Energon's metadatasets
     (``__module__: megatron.energon``, ``splits:``; ``split`` picks one, default ``train``),
     Mosaic's / llm-foundry's ``streams:``. ``strict``: keys read but not used here (e.g.
-    Energon's ``sample_type``) are errors instead of notes in :attr:`DatasetSpec.unused`."""
+    Energon's ``sample_type``) are errors instead of notes in :attr:`DatasetSpec.unused`.
+    ``open_stream`` (e.g. ``wds.gopen``; ``WebDataset`` and the CLI give their own openers)
+    reads a spec at a URL (``s3://bucket/specs/train.yaml``) and those it names."""
     if isinstance(spec, DatasetSpec):
         return spec
     if isinstance(spec, Mapping):
         return DatasetSpec.from_dict(spec, environ=environ, allow_pipe=allow_pipe, split=split,
-                                     strict=strict)
+                                     strict=strict, open_stream=open_stream)
     if is_spec_path(spec):
-        return _load_file(spec, environ, allow_pipe, split, strict)
+        return _load_file(spec, environ, allow_pipe, split, strict, open_stream)
     if isinstance(spec, (str, os.PathLike)):
         from .files import split_section
 
