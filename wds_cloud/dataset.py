@@ -17,10 +17,13 @@ use it or refuse it:
   off; ``url_to_name`` gives the readable part of cache file names, to which a hash of the URL
   is always added (webdataset's basenames collided across buckets); keyword-only
   ``cache_revalidate`` and ``cache_local`` override ``WDS_CACHE_REVALIDATE``/``WDS_CACHE_LOCAL``;
-* a URL ending in ``/`` (or a ``DirectoryShardList``) reads a directory as a queue of shards,
+* a URL ending in ``/`` (a directory, a bucket prefix) is the shards directly in it
+  (``*.tar``, ``*.tgz``, ``*.tar.gz``), listed once, as the CLI and specs read it; with a
+  ``mode`` (or as a ``DirectoryShardList``) it is webdataset's queue of shards instead,
   ``mode`` giving what happens to a shard once read (``"resample"``, ``"keep"``,
-  ``"unlink"``), as webdataset; each process claims the shards it reads, so no node or worker
-  splitter and no shard shuffle is applied;
+  ``"unlink"``); each process claims the shards it reads, so no node or worker splitter and
+  no shard shuffle is applied (webdataset 1.0.2 made every such URL a queue, whose default
+  pattern matched nothing: it waited forever);
 * a dataset spec (a ``.yaml``/``.yml``/``.json`` path, a dict or a ``DatasetSpec``) mixes its
   sources (:mod:`wds_cloud.specdataset`); the shard list arguments (``resampled``,
   ``shardshuffle``, the splitters, ``empty_check``) do not apply to it, and keyword-only
@@ -285,7 +288,8 @@ class WebDataset(DataPipeline, FluidInterface):
                 self.repeat()
             return
         opener = ShardOpener(settings, storage_options or {}, url_to_name, zero_copy)
-        urls = expand_patterns(urls, settings.url_vars, opener.router)
+        if not is_directory(urls, mode):
+            urls = expand_patterns(urls, settings.url_vars, opener.router)
         if isinstance(urls, (str, list, tuple)):  # for the workers forked from here
             opener.prepare([urls] if isinstance(urls, str) else urls)
         resampled = resampled or mode == "resampled"
@@ -315,7 +319,7 @@ class WebDataset(DataPipeline, FluidInterface):
                                      "webdataset); give seed= (or WDS_SEED) to resume")
         self.append(shard_source(urls, resampled, empty_check, self.seed if chosen else None,
                                   settings.url_vars, mode, storage_options or {}))
-        queue = is_directory(urls)  # each process claims its shards: no splitting
+        queue = is_directory(urls, mode)  # each process claims its shards: no splitting
         if nodesplitter is not None and not queue:
             self.append(bind_worker_info(nodesplitter, where))
         if workersplitter and not queue:

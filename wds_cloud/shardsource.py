@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlparse
 
-from .errors import ConfigError
+from .errors import ConfigError, ShardNotFoundError
 from .pipeline import core as pipeline
 from .pipeline import shards
 from .pipeline.directory import DirectoryShardList
@@ -23,7 +23,7 @@ from .pipeline.shards import WorkerInfo
 from .pytorch import ResampledShards, single_node_only, split_by_node, split_by_worker
 from .router import Router, expand_glob, with_cache
 from .settings import Settings
-from .urls import redact
+from .urls import redact, substitute_vars
 
 __all__ = [
     "as_seed",
@@ -67,7 +67,7 @@ def cache_settings(settings: Settings, cache_dir: Any, cache_size: Any,
 
 
 def refuse_unsupported(urls: object, mode: str | None) -> None:
-    if is_directory(urls) or is_spec(urls):
+    if is_directory(urls, mode) or is_spec(urls):
         return  # DirectoryShardList checks its mode; a spec has none
     if mode not in (None, "resampled"):
         raise ConfigError(
@@ -86,15 +86,45 @@ def is_spec(urls: object) -> bool:
     return isinstance(urls, (Mapping, DatasetSpec)) or is_spec_path(urls)
 
 
-def is_directory(urls: object) -> bool:
-    """A directory URL (ending in ``/``) or a ``DirectoryShardList``: a queue of shards,
-    claimed by each process as it reads, which no splitter or shuffle may reorder."""
-    return isinstance(urls, DirectoryShardList) or (
-        isinstance(urls, str) and urlparse(urls).path.endswith("/"))
+#: webdataset's ``DirectoryShardList`` modes: what becomes of a shard of the queue once read
+QUEUE_MODES = ("resample", "keep", "unlink")
+#: what a directory or prefix is listed for
+SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz")
+
+
+def is_prefix(urls: object) -> bool:
+    """A directory or bucket prefix: one URL ending in ``/``."""
+    return isinstance(urls, str) and urlparse(urls).path.endswith("/")
+
+
+def is_directory(urls: object, mode: str | None = None) -> bool:
+    """A queue of shards, claimed by each process as it reads, which no splitter or shuffle
+    may reorder: a ``DirectoryShardList``, or a directory URL (ending in ``/``) with one of
+    webdataset's queue modes. Without a mode a directory is the shards in it."""
+    return isinstance(urls, DirectoryShardList) or (is_prefix(urls) and mode in QUEUE_MODES)
+
+
+def prefix_shards(url: str, router: Router) -> list[str]:
+    """The shards directly in the directory (or bucket prefix) ``url``, sorted; a
+    :class:`ShardNotFoundError` when there is none."""
+    found: list[str] = []
+    for suffix in SHARD_SUFFIXES:
+        try:
+            found += expand_glob([f"{url.rstrip('/')}/*{suffix}"], router=router)
+        except ShardNotFoundError:
+            continue
+    if not found:
+        raise ShardNotFoundError(
+            f"no shards ({', '.join('*' + s for s in SHARD_SUFFIXES)}) in {redact(url)!r}",
+            url=redact(url))
+    return sorted(set(found))
 
 
 def expand_patterns(urls: Any, url_vars: Mapping[str, str], router: Router) -> Any:
-    """Shard URLs with globs (``s3://b/train-*.tar``) listed once, here, not in each worker."""
+    """Shard URLs with globs (``s3://b/train-*.tar``) listed once, here, not in each worker;
+    a directory or prefix (``shards/``, ``s3://b/train/``) gives the shards in it."""
+    if is_prefix(urls):
+        return prefix_shards(substitute_vars(urls, url_vars), router)
     if not isinstance(urls, str) and not (
             isinstance(urls, (list, tuple)) and all(isinstance(u, str) for u in urls)):
         return urls
@@ -125,7 +155,7 @@ def shard_source(urls: Any, resampled: bool, empty_check: bool, seed: int | None
                   storage_options: Mapping[str, Any]) -> Any:
     if isinstance(urls, DirectoryShardList):
         return urls
-    if is_directory(urls):
+    if is_directory(urls, mode):
         return DirectoryShardList(urls, mode=mode, storage_options=storage_options)
     if isinstance(urls, (shards.SimpleShardList, shards.ShardResampler, pipeline.Pipeline)):
         if resampled:

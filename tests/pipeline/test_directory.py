@@ -81,6 +81,36 @@ def test_webdataset_reads_a_directory_url_as_a_queue_across_workers(tmp_path: Pa
     assert _listing(tmp_path) == [f"s{i:03d}.tar._done_" for i in range(6)]
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_directory_without_a_mode_is_the_shards_in_it(
+        tmp_path: Path, where: str, store_factory: Callable[[str], Any]) -> None:
+    """``WebDataset("dir/")`` with no ``mode`` reads the shards in the directory (or bucket
+    prefix) once, as ``wds-cloud ls dir/`` lists them: DataLoader workers split them, nothing
+    is renamed, and the iteration ends (as a queue it never did: webdataset 1.0.2's default
+    pattern matched nothing and waited forever)."""
+    import torch
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    _shards(shards, 4)
+    _shards(shards, 2, ext="tgz.txt")  # not shards: left out
+    if where == "local":
+        url, options = f"{shards}/", {}
+    else:
+        store = store_factory("s3")
+        for path in sorted(shards.iterdir()):
+            store.put(f"train/{path.name}", path.read_bytes())
+        url, options = store.url("train/"), store.storage_options
+    dataset = wds.WebDataset(url, shardshuffle=False, storage_options=options)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    assert sorted(s["txt"] for s in loader) == [f"shard {i}".encode() for i in range(4)]
+    assert _listing(shards) == sorted([*(f"s{i:03d}.tar" for i in range(4)),
+                                       *(f"s{i:03d}.tgz.txt" for i in range(2))])
+    with pytest.raises(wds.ShardNotFoundError, match=r"no shards \(\*\.tar, \*\.tgz"):
+        wds.WebDataset(f"{tmp_path}/empty-dir/" if where == "local" else url + "none/",
+                       storage_options=options)
+
+
 def test_resample_puts_shards_back_until_the_timeout(tmp_path: Path) -> None:
     _shards(tmp_path, 2)
     start = time.monotonic()

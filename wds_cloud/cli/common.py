@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from ..errors import ConfigError
 from ..settings import Settings, human_size, parse_size
-from ..urls import merge_scheme_options, redact, split_scheme
+from ..urls import merge_scheme_options, split_scheme
 
 if TYPE_CHECKING:
     from ..router import Router
@@ -249,20 +249,9 @@ class Inputs:
     @staticmethod
     def _directory(url: str, router: Router) -> list[str]:
         """The shards directly in the directory (or bucket prefix) ``url``, sorted."""
-        from ..errors import ShardNotFoundError
-        from ..router import expand_glob
+        from ..shardsource import prefix_shards
 
-        found: list[str] = []
-        for suffix in SHARD_SUFFIXES:
-            try:
-                found += expand_glob([f"{url.rstrip('/')}/*{suffix}"], router=router)
-            except ShardNotFoundError:
-                continue
-        if not found:
-            raise ShardNotFoundError(
-                f"no shards ({', '.join('*' + s for s in SHARD_SUFFIXES)}) in {redact(url)!r}",
-                url=redact(url))
-        return sorted(set(found))
+        return prefix_shards(url, router)
 
     def _spec_shards(self, given: str) -> list[Input]:
         from ..spec import load_spec
@@ -295,9 +284,6 @@ class Inputs:
             items = [{"url": s.url} for s in group]
             yield from opener.samples(items, handler or reraise_exception, None, None)
 
-
-#: what a directory's shards are called (``ls s3://bucket/train/`` lists these)
-SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz")
 
 
 def _is_directory(url: str) -> bool:
