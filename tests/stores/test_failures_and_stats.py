@@ -166,3 +166,16 @@ def test_an_unreachable_endpoint_ends_within_the_budget_in_one_line(
     assert ("connection refused" if endpoint == "refused" else "timed out") in errors[0]
     # every attempt may wait out the timeout; 15 s for starting Python on a busy machine
     assert elapsed < (retries + 1) * timeout + 0.01 * retries + 15, (elapsed, done.stderr)
+
+
+@pytest.mark.parametrize("what", ["a shard", "a glob"])
+def test_an_endpoint_that_is_no_url_fails_at_once(what: str) -> None:
+    """A mistyped endpoint (``htp://``) is a configuration no retry mends: the first read or
+    listing fails at once, naming the shard and the endpoint (it was retried for 20 s)."""
+    options = {"s3": {"endpoint_url": "htp://127.0.0.1:9", "key": "k", "secret": "s"}}
+    url = "s3://shards/train-000000.tar" if what == "a shard" else "s3://shards/train-*.tar"
+    stats = wds.io_stats()
+    with pytest.raises(wds.OpenError, match=r"htp://127\.0\.0\.1:9") as info:
+        list(wds.WebDataset(url, shardshuffle=False, storage_options=options))
+    assert url in str(info.value) and not isinstance(info.value, TransferError)
+    assert wds.io_stats()["retries"] == stats["retries"]

@@ -131,11 +131,19 @@ _AIOHTTP = ("aiohttp:ClientPayloadError", "aiohttp:ClientConnectionError")
 TRANSIENT_BY_STORE: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "http": (_AIOHTTP, ()),
     "gcs": (_AIOHTTP, ()),
-    # connection, read-timeout and streaming errors are BotoCoreErrors; missing credentials and
-    # a bad parameter are too, but no retry mends them
+    # connection, read-timeout and streaming errors are BotoCoreErrors; missing credentials, a
+    # bad parameter and a configuration botocore cannot use (an endpoint URL that is none, an
+    # unknown region or profile) are too, but no retry mends them
     "s3": ((*_AIOHTTP, "botocore.exceptions:BotoCoreError"),
            ("botocore.exceptions:NoCredentialsError",
-            "botocore.exceptions:ParamValidationError")),
+            "botocore.exceptions:PartialCredentialsError",
+            "botocore.exceptions:ParamValidationError",
+            "botocore.exceptions:EndpointProviderError",
+            "botocore.exceptions:BaseEndpointResolverError",
+            "botocore.exceptions:UnknownRegionError",
+            "botocore.exceptions:ProfileNotFound",
+            "botocore.exceptions:ConfigParseError",
+            "botocore.exceptions:InvalidConfigError")),
     # no answer at all, or one cut short; any other answer is judged by its status
     "azure": ((*_AIOHTTP, "azure.core.exceptions:ServiceRequestError",
                "azure.core.exceptions:ServiceResponseError",
