@@ -313,13 +313,16 @@ def test_unsupported_arguments_are_refused(urls: list[str], kw: dict[str, Any], 
         ("train.yaml", "train.yaml: cannot read the spec"),
         ("train.yml", "train.yml: cannot read the spec"),
         ("train.json", "train.json: cannot read the spec"),
-        ({"datasets": []}, "<dict>: datasets: no sources"), ("/data/shards/", "directory"),
-        (42, "type int"),
+        ({"datasets": []}, "<dict>: datasets: no sources"), (42, "type int"),
     ],
 )
 def test_unsupported_urls_are_refused(spec: Any, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         wds.WebDataset(spec, shardshuffle=False)
+    with pytest.raises(wds.ShardNotFoundError, match=r"no shards .* in '/data/shards/'"):
+        wds.WebDataset("/data/shards/", shardshuffle=False)  # a directory: its shards
+    with pytest.raises(ConfigError, match="directory"):  # a queue on it (DirectoryShardList)
+        wds.WebDataset("/data/shards/", mode="keep")
 
 
 # ---------------------------------------------------------------- handlers, verbose, context
@@ -400,6 +403,9 @@ def test_fluid_keys_and_files(urls: list[str], tmp_path: Path) -> None:
     assert set(sub) <= set(all_keys())
     cached = ds.mcached()
     assert keys_of(cached) == keys_of(cached) == all_keys()
+    recorded = ds.lmdb_cached(str(tmp_path / "samples.lmdb"))
+    assert keys_of(recorded) == keys_of(recorded) == all_keys()
+    assert (tmp_path / "samples.lmdb").is_dir()
     assert ds.xdecode(txt=lambda b: b.decode()) is not ds
 
 

@@ -128,3 +128,8 @@ class FluidInterface:
     def mcached(self: F) -> F:
         """Keep the first epoch's samples in memory and replay them in later epochs."""
         return self.compose(filters.Cached())
+
+    def lmdb_cached(self: F, *args: Any, **kw: Any) -> F:
+        """Record the first epoch's samples in an LMDB database and replay them from it
+        (:class:`~wds_cloud.pipeline.samplecache.LMDBCached`: ``fname``, ``map_size``, ...)."""
+        return self.compose(filters.LMDBCached(*args, **kw))
