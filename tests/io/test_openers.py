@@ -32,6 +32,27 @@ def test_local_and_file_urls(blob: Path) -> None:
         assert f.read() == blob.read_bytes()
 
 
+def test_a_local_write_left_unclosed_is_kept_and_one_that_raised_is_not(
+        tmp_path: Path) -> None:
+    """``np.save(wds.gopen(path, "wb"), a)`` never closes the file: its bytes appear when it
+    is collected, as a plain file's do (they were dropped). A ``with`` block that raises
+    leaves the path as it was, and no temporary file behind."""
+    import gc
+
+    import numpy as np
+
+    target = tmp_path / "a.npy"
+    np.save(gopen(str(target), "wb"), np.arange(5))
+    gc.collect()
+    assert np.load(target).tolist() == [0, 1, 2, 3, 4]
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError), gopen(str(target), "wb") as f:
+        f.write(b"half of the new")
+        raise RuntimeError("the job failed")
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy"]
+
+
 def test_local_write(tmp_path: Path) -> None:
     with gopen(str(tmp_path / "out.bin"), "wb") as f:
         f.write(b"abc")

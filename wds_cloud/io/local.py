@@ -109,11 +109,16 @@ class _AtomicFile(io.BufferedWriter):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._tmp)
 
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        # a ``with`` block that raised leaves ``path`` as it was
+        self.abort() if exc_type is not None else self.close()
+
     def __del__(self) -> None:
-        # dropped without close(): never publish (and __init__ may have failed half-way)
-        with contextlib.suppress(ValueError, AttributeError):
+        # dropped without close() (``np.save(gopen(path, "wb"), a)``): published, as a plain
+        # file's bytes are when it is collected (and __init__ may have failed half-way)
+        with contextlib.suppress(ValueError, AttributeError, OSError):
             if not self.closed:
-                self.abort()
+                self.close()
 
 
 class StdioOpener:
