@@ -220,3 +220,20 @@ def test_directories_and_bucket_prefixes_are_their_shards(
                                                 store.url("train/x-1.tgz")]
     with pytest.raises(wds.ShardNotFoundError, match=r"no shards \(\*.tar, \*.tgz, \*.tar.gz\)"):
         Inputs([store.url("nothing/")], options=store.storage_options).shards()
+
+
+def test_serve_s3_on_a_port_in_use_says_so_before_any_client_line(tmp_path: Path) -> None:
+    """With ``--port`` taken by another server, ``serve-s3`` fails first, printing no export
+    lines (a user copying them would have pointed the SDK at that other server)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "wds_cloud.cli", "serve-s3", str(tmp_path), "--port",
+             str(port)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "export" not in done.stdout and "serving" not in done.stdout, done.stdout
+    assert f"cannot listen on 127.0.0.1:{port}: something else listens there" in done.stderr

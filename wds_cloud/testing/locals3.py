@@ -81,6 +81,17 @@ def _free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def _port_free(host: str, port: int) -> bool:
+    """Whether nothing listens on ``port`` (as rclone binds it: a port in TIME_WAIT is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def _http_status(host: str, port: int, timeout: float) -> int | None:
     """Status of ``GET /``, or None when nothing answers (http.client: no proxies from env)."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
@@ -177,6 +188,10 @@ class LocalS3Server:
         binary = find_rclone(self._rclone)
         self.root.mkdir(parents=True, exist_ok=True)
         chosen = self.port
+        if chosen and not _port_free(self.host, chosen):  # else another server would answer
+            raise OpenError(f"the local S3 server (rclone) cannot listen on {self.host}:{chosen}:"
+                            " something else listens there; choose another port (or none: a "
+                            "free one is picked)", url=f"http://{self.host}:{chosen}")
         for _attempt in range(3):
             port = chosen or _free_port(self.host)
             self._spawn(binary, port)
