@@ -258,6 +258,17 @@ def test_float_images_round_trip_exactly() -> None:
         encode.imageencoder(floats * 2, "png")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_float_images_are_the_pixels_webdataset_writes(dtype: Any) -> None:
+    """A float image (values in [0, 1]) becomes the pixels webdataset 1.0.2 writes (x * 255
+    truncated), so the same arrays give the same shards (rounding moved half the pixels)."""
+    image = np.random.default_rng(3).random((12, 10, 3)).astype(dtype)
+    for ext in ("png", "ppm"):
+        ours = encode.default_handlers[ext](image)
+        theirs = wds_ref.writer.default_handlers[ext](image)
+        assert ours == theirs, ext
+
+
 def _open_local(url: str) -> Any:
     return open(url, "rb")  # the reader closes it
 

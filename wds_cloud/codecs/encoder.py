@@ -73,7 +73,8 @@ def _to_pil(image: Any, pil_image: Any) -> Any:
         lo, hi = float(np.amin(image)), float(np.amax(image))
         if lo <= -0.001 or hi >= 1.001:
             raise ValueError(f"float image values must lie in [0, 1], got [{lo}, {hi}]")
-        image = np.rint(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
+        # truncated, not rounded: webdataset's bytes for the same array
+        image = (np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
     if image.ndim == 3 and image.shape[2] == 1:
         image = image[:, :, 0]
     if image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] not in (3, 4)):
