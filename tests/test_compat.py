@@ -184,7 +184,8 @@ def test_seeded_shuffles_give_webdataset_orders() -> None:
         assert list(ours_det.run(iter(range(80)))) == list(theirs_det.run(iter(range(80))))
 
 
-def test_unseeded_mixes_and_samples_follow_the_global_random_as_webdataset() -> None:
+def test_unseeded_mixes_and_samples_follow_the_global_random_as_webdataset(
+        urls: list[str]) -> None:
     """Without ``seed``/``rng``, ``RandomMix`` and ``rsample`` draw from the global ``random``
     as webdataset 1.0.2's do: after the same ``random.seed``, the same mix and the same kept
     samples (what a job that seeds everything, or torch seeding each worker's ``random``,
@@ -200,6 +201,14 @@ def test_unseeded_mixes_and_samples_follow_the_global_random_as_webdataset() -> 
             random.seed(7)
             mixes.append(list(lib.RandomMix(sources, probs, longest=longest)))
         assert mixes[1] == mixes[0], (probs, longest)
+    mixes = []  # datasets made after the seed: webdataset's draw a seed of the global random
+    for lib in (webdataset, wds):
+        random.seed(7)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            made = [lib.WebDataset(urls[:1], shardshuffle=False) for _ in range(2)]
+        mixes.append([s["__key__"] for s in lib.RandomMix(made)])
+    assert mixes[1] == mixes[0]
     kept = []
     for lib in (webdataset, wds):
         random.seed(3)

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, BinaryIO
 
@@ -251,6 +252,8 @@ class WebDataset(DataPipeline, FluidInterface):
         zero_copy: bool = False,
     ) -> None:
         super().__init__()
+        if seed is None:  # webdataset 1.0.2 draws a seed from the global random here (unused
+            random.randint(0, 1000000)  # here): so a job's later global draws stay in step
         refuse_unsupported(urls, mode)
         # the composition root: the environment is read here, once, and passed down
         self.settings = settings = cache_settings(
