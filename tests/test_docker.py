@@ -25,7 +25,7 @@ ENV_EXAMPLE = DOCKER / ".env.example"
 DOCKERFILE = DOCKER / "Dockerfile"
 
 SERVERS = {"minio", "fake-gcs", "azurite", "aistore", "nginx"}
-INITS = {"minio-init": "minio", "aistore-init": "aistore"}
+INITS = {"minio-init": "minio", "azurite-init": "azurite", "aistore-init": "aistore"}
 UNPINNED = {"aistore"}  # aistorage/cluster-minimal is only published as :latest
 # the client side of .env.example: each endpoint must use the port compose publishes
 ENDPOINTS = {"AWS_ENDPOINT_URL": "S3_PORT", "STORAGE_EMULATOR_HOST": "GCS_PORT",
