@@ -172,5 +172,6 @@ def _epoch(args: argparse.Namespace, loader: Any, dataset: Any, epoch: int, *,
         if hits and not requests:
             line += " (everything came from the shard cache)"
         elif hits:
-            line += f" (shards not cached yet); the shard cache served {plural(hits, 'shard read')}"
+            line += (f" (shards not cached yet); {plural(hits, 'read')} of shards already "
+                     "downloaded came from the shard cache")
         print(line)

@@ -95,9 +95,9 @@ def add_parser(sub: Any) -> None:
                    "sample_type in a blend entry; what energon prepare wrote into a dataset's "
                    ".nv-meta/dataset.yaml is only noted)")
     p.add_argument("--world-size", type=_positive, default=1, metavar="R",
-                   help="ranks (default 1)")
+                   help="ranks")
     p.add_argument("--workers", type=_count, default=1, metavar="W",
-                   help="DataLoader workers per rank (default 1; 0 counts as 1 slot)")
+                   help="DataLoader workers per rank (0 counts as 1 slot)")
     p.add_argument("--batch-size", type=_positive, metavar="B", help="samples per batch")
     p.add_argument("--epoch-batches", type=_positive, metavar="N",
                    help="batches per rank per epoch (with_epoch(nbatches=N))")

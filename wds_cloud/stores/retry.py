@@ -196,7 +196,8 @@ def status_error(status: int, url: str, doing: str, *, detail: str = "",
         return OpenError(f"{doing} {shown}: no such bucket or container ({said})", url=shown)
     if status in (401, 403):
         return AccessDeniedError(f"access denied {doing} {shown} ({said}); check the "
-                                 "credentials in storage_options", url=shown)
+                                 "credentials (storage_options, or the SDK's environment and "
+                                 "config files)", url=shown)
     if status in (408, 429) or status >= 500:
         return RetryableError(f"{said} {doing} {shown}", status=status, reason=said)
     return OpenError(f"{said} {doing} {shown}", url=shown)
