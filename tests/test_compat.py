@@ -105,6 +105,39 @@ def test_tarfile_functions_match_webdataset(urls: list[str]) -> None:
     opened[0]["stream"].close()
 
 
+def test_groupings_written_for_webdataset_0_2_read_the_expanders_items(urls: list[str]) -> None:
+    """After each shard ``tar_file_expander`` yields webdataset 1.0.2's end-of-shard ``{}``
+    (1.0.2's own ``group_by_keys`` ends the sample there). A grouping written for webdataset
+    0.2, which had no such item, reads ``fname`` and ``data`` of every item, as open_clip's
+    ``group_by_keys_nothrow`` does (its training failed at the first batch on 1.0.2 with
+    ``KeyError: 'fname'``); it gets a name that keys nothing and skips the marker."""
+    def files() -> Any:
+        tariterators = wds.tariterators  # open_clip's imports: webdataset.tariterators
+        return tariterators.tar_file_expander(
+            tariterators.url_opener(iter([{"url": u} for u in urls])))
+
+    def grouped_as_in_webdataset_0_2(items: Any) -> list[dict[str, Any]]:
+        samples: list[dict[str, Any]] = []
+        for item in items:
+            fname, value = item["fname"], item["data"]
+            prefix, suffix = wds.tariterators.base_plus_ext(fname)
+            if prefix is None:
+                continue
+            if not samples or samples[-1]["__key__"] != prefix:
+                samples.append({"__key__": prefix, "__url__": item["__url__"]})
+            samples[-1][suffix] = value
+        return samples
+
+    markers = [item for item in files() if "fname" not in item]
+    assert len(markers) == len(urls) and all(m == {} and not m for m in markers)
+    ours = list(wds.tarfile_samples(iter([{"url": u} for u in urls])))
+    keep = ("__key__", "__url__", "txt", "cls", "json")
+    assert grouped_as_in_webdataset_0_2(files()) == [{k: s[k] for k in keep if k in s}
+                                                     for s in ours]
+    assert [s["__key__"] for s in webdataset.tariterators.group_by_keys(files())] == \
+        [s["__key__"] for s in ours]
+
+
 def test_is_a_torch_iterable_dataset(urls: list[str]) -> None:
     import torch.utils.data as torch_data
     assert isinstance(wds.WebDataset(urls, shardshuffle=False), torch_data.IterableDataset)

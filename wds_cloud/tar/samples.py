@@ -76,6 +76,24 @@ _META = re.compile(_SKIP_META)
 _BASE_PLUS_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _EOF_DEFAULT: Any = object()  # stands for webdataset's ``eof_value={}`` (a fresh {} per shard)
 
+
+class EndOfShard(dict[str, Any]):
+    """The item :func:`tar_file_expander` yields after each shard by default: webdataset
+    1.0.2's ``{}`` (empty, ``== {}``, falsy), so that groupings end their sample there.
+
+    Groupings written for webdataset 0.2, which had no such item, read ``item["fname"]`` and
+    ``item["data"]`` of every item (open_clip's ``group_by_keys_nothrow``, at its first
+    batch): here those are ``""`` and ``b""``, a name that keys no sample, so such code skips
+    the marker instead of failing with ``KeyError``. Nothing is stored: ``in``, ``get`` and
+    iteration see an empty dict."""
+
+    def __missing__(self, key: str) -> Any:
+        if key == "data":
+            return b""
+        if key in ("fname", "__url__"):
+            return ""
+        raise KeyError(key)
+
 Sample = dict[str, Any]
 Selector = Callable[[str], bool]
 Renamer = Callable[[str], "str | None"]
@@ -307,7 +325,8 @@ def tar_file_expander(
 ) -> Iterator[dict[str, Any]]:
     """For each ``{"url", "stream"[, "local_path"]}`` yield its members as
     ``{"fname", "data", "__url__"[, "__local_path__"]}``, then ``eof_value`` (default: a fresh
-    ``{}``; None: nothing) so that :func:`group_by_keys` never merges samples across shards.
+    :class:`EndOfShard`, webdataset's ``{}``; None: nothing) so that :func:`group_by_keys`
+    never merges samples across shards.
     Each stream is closed once its shard is done.
     """
     for source in data:
@@ -320,7 +339,7 @@ def tar_file_expander(
         finally:
             stream.close()
         if eof_value is not None:
-            yield {} if eof_value is _EOF_DEFAULT else eof_value
+            yield EndOfShard() if eof_value is _EOF_DEFAULT else eof_value
         if not go_on:
             return
 
