@@ -139,6 +139,19 @@ def test_image_handler_extensions_and_unknown_spec() -> None:
         ad.imagehandler("nope")
 
 
+def test_an_unknown_image_spec_fails_where_the_pipeline_is_built() -> None:
+    """As in webdataset: ``.decode("nope")`` and ``wds.decode("nope")`` raise when called,
+    not at the first sample (which, in a DataLoader, is in a worker)."""
+    import wds_cloud as wds
+
+    with pytest.raises(ValueError, match="unknown image spec 'nope'"):
+        wds.WebDataset("never-opened.tar", shardshuffle=False).decode("pil", "nope")
+    with pytest.raises(ValueError, match="unknown image spec 'nope'"):
+        wds.decode("nope")
+    assert wds.DataPipeline(iter([{"__key__": "k", "x.png": _image("RGB")}]),
+                            wds.decode("rgb8")) is not None
+
+
 def test_missing_pillow_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     data = _image("RGB")
     for name in [m for m in sys.modules if m == "PIL" or m.startswith("PIL.")]:

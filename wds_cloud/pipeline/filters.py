@@ -367,8 +367,21 @@ select = pipelinefilter(_select)
 """``select(predicate)``: keep the samples for which ``predicate(sample)`` is true."""
 log_keys = pipelinefilter(_log_keys)
 """``log_keys(logfile=None)``: append ``index worker rank key`` lines to ``logfile``."""
-decode = pipelinefilter(_decode)
-"""``decode(*handlers, handler=reraise_exception, **kw)``: ``autodecode.make_decoder``'s decoder."""
+_decode_stage = pipelinefilter(_decode)
+
+
+def decode(*args: Any, **kw: Any) -> Any:
+    """``decode(*handlers, handler=reraise_exception, **kw)``: ``autodecode.make_decoder``'s
+    decoder. An image spec string it does not know is a :class:`ConfigError` here, where the
+    pipeline is built (as in webdataset), not when the first sample is decoded (in a DataLoader
+    worker)."""
+    specs = [arg for arg in args if isinstance(arg, str)]
+    if specs:
+        from ..codecs.images import ImageHandler
+
+        for spec in specs:
+            ImageHandler(spec)
+    return _decode_stage(*args, **kw)
 map = pipelinefilter(_map)
 """``map(f, handler=reraise_exception)``: ``f(sample)``; ``None`` results are dropped."""
 associate = pipelinefilter(_associate)
