@@ -218,3 +218,21 @@ def test_an_epoch_starts_at_the_pace_the_last_one_ended(
     assert epoch(fast) == (True, False)
     assert epoch(fast) == (False, False)
     assert len(handed) == 5
+
+
+def test_shards_the_consumer_opens_before_a_thread_does_are_judged_too(
+    served: tuple[Any, list[str]], fault_proxy: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A consumer faster than the read-ahead threads opens the shards it asks for itself; their
+    reads are timed like the others. (Before, only shards a thread had opened were: over a slow
+    link a consumer that opened every other shard itself, and found the rest already in the
+    kernel's buffers, never saw a slow read, and pre-reading never started.) Here no thread
+    ever gets to a shard."""
+    monkeypatch.setattr(ReadAhead, "_work", lambda self: None)
+    store, names = served
+    proxy = fault_proxy(store, conn_rate=8 * 10**6)
+    keys, stats = _epoch([f"{proxy.url}/{store.directory}/{n}" for n in names[:4]])
+    assert keys == _keys()[:12]
+    assert stats.direct == 4 and stats.opened_ahead == 0
+    assert stats.turns >= 1 and stats.pre_reading

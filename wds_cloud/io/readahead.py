@@ -33,7 +33,8 @@ Contract:
   (1 MiB, or a shard's share if smaller) that the ReadAhead reuses once their bytes are
   consumed: memory the process already touched, not new pages for every byte read ahead.
 - Pre-reading pays only where a connection is slower than its consumer: the consumer's reads
-  of each shard after its pre-read bytes are timed and judged by ``pace`` (a
+  of each shard after its pre-read bytes (also of a shard it asked for before any thread
+  opened it, which ``open`` then opens itself) are timed and judged by ``pace`` (a
   :class:`~wds_cloud.io.pace.Pace`; by default one that starts without pre-reading). While
   its connections keep up, the shards opened are not pre-read; once they do not, the shards
   already opened ahead without pre-read bytes are pre-read too ("topped up"), each by a
@@ -139,6 +140,10 @@ def _url_of(item: Any) -> str | None:
         return item
     url = item.get("url") if isinstance(item, dict) else None
     return url if isinstance(url, str) else None
+
+
+def _nothing() -> None:
+    pass
 
 
 def _close_quietly(stream: Any) -> None:
@@ -252,13 +257,14 @@ class ReadAhead:
 
         Raises the background open's exception when that failed.
         """
+        paced = False
         with self._lock:
             slot = self._current
             if slot is not None and slot.url == url and not options:
                 self._current = None
                 if slot.state == _QUEUED:  # no thread got to it yet: open it here
                     self._queue.remove(slot)
-                    slot = None
+                    slot, paced = None, True
                 elif slot.state == _TOPPING:  # nor to its top-up: read it as it is
                     self._topups.remove(slot)
                     slot.state = _READY
@@ -270,7 +276,10 @@ class ReadAhead:
         if slot is not None:
             return self._take(slot)
         log.debug("read-ahead: opening %s directly", redact(url))
-        return self._open_stream(url, **options)
+        stream = self._open_stream(url, **options)
+        if paced and self.max_bytes:  # a shard of the queue: its reads are judged too
+            return prefetched_stream(stream, deque(), None, _nothing, on_pace=self._paced)
+        return stream
 
     def _take(self, slot: _Slot) -> BinaryIO:
         """Wait for ``slot`` to be prepared; its stream, or its open's exception raised."""
