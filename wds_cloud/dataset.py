@@ -252,8 +252,10 @@ class WebDataset(DataPipeline, FluidInterface):
         zero_copy: bool = False,
     ) -> None:
         super().__init__()
-        if seed is None:  # webdataset 1.0.2 draws a seed from the global random here (unused
-            random.randint(0, 1000000)  # here): so a job's later global draws stay in step
+        if seed is None:
+            # webdataset 1.0.2 draws its seed here from the global random; the same draw
+            # (unused) keeps a job's later global draws in step with webdataset's
+            random.randint(0, 1000000)
         refuse_unsupported(urls, mode)
         # the composition root: the environment is read here, once, and passed down
         self.settings = settings = cache_settings(
