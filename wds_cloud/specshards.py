@@ -28,6 +28,7 @@ import braceexpand
 from .errors import ConfigError, OpenError, ShardNotFoundError, SpecError
 from .router import Router, expand_glob
 from .spec import DatasetSpec, SourceSpec
+from .stores.iostats import reading_metadata
 from .urls import redact
 
 __all__ = ["Listed", "list_source"]
@@ -82,9 +83,10 @@ def _yaml(text: str) -> Any:
 
 
 def _read(router: Router, url: str, parse: Any) -> Any | None:
-    """The parsed content of the small file ``url``, or None when there is none."""
+    """The parsed content of the small file ``url``, or None when there is none (counted in
+    ``io_stats`` as requests, not as shards)."""
     try:
-        with router.open(url) as stream:
+        with reading_metadata(), router.open(url) as stream:
             text = stream.read().decode("utf-8")
     except (ShardNotFoundError, FileNotFoundError, NotADirectoryError):
         return None  # (NotADirectoryError: ``top`` is a local file, not a directory)

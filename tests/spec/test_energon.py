@@ -274,6 +274,23 @@ splits:
         load_spec(url)
 
 
+def test_the_metadata_read_counts_as_requests_not_as_shards(s3_datasets: Store) -> None:
+    """Reading a prepared dataset's ``.nv-meta`` files costs GETs (``requests``), but they are
+    no shards: ``shards`` and ``gets`` count the shards an epoch reads, so ``gets_per_shard``
+    stays 1.0 (it read 1.25 for an epoch of 2 shards and 3 metadata files)."""
+    spec = {"__module__": "megatron.energon", "__class__": "MetadatasetV2",
+            "splits": {"val": {"path": s3_datasets.url("coco")}}}
+    before = wds.io_stats()
+    dataset = wds.WebDataset(spec, split="val", storage_options=s3_datasets.storage_options)
+    built = wds.io_stats()
+    assert built["requests"] - before["requests"] >= 2  # .info.json, split.yaml at least
+    assert built["shards"] == before["shards"] and built["gets"] == before["gets"]
+    count = sum(1 for _ in dataset)
+    after = wds.io_stats()
+    shards = after["shards"] - built["shards"]
+    assert count > 0 and shards == after["gets"] - built["gets"] > 0
+
+
 BAD = {
     "missing split part": ("""\
 __module__: megatron.energon

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, fields
 from ..io.forks import ForkSafeLock
 
 __all__ = ["IO_FIELDS", "SOURCE_FIELDS", "IOStats", "count_io", "count_samples",
-           "count_source", "current_source", "io_stats", "reading_for", "report_io_to",
-           "reset_io_stats", "source_stats", "with_gets_per_shard"]
+           "count_source", "current_source", "io_stats", "reading_for", "reading_metadata",
+           "report_io_to", "reset_io_stats", "source_stats", "with_gets_per_shard"]
 
 
 @dataclass
@@ -62,7 +62,8 @@ _reading = threading.local()  # .source: the source whose shard this thread open
 
 _stats = IOStats()
 _stats_lock = ForkSafeLock()  # (a forked child gets its own)
-_counting = threading.local()  # .later: counts made while this thread counts (see _count)
+#: .later: counts made while this thread counts (see _count); .metadata: reading_metadata()
+_counting = threading.local()
 #: where this process adds its counts as well (:func:`report_io_to`): shared slots, first
 #: index, and the first index of each source's counters
 _report: tuple[MutableSequence[int], int, dict[str, int]] | None = None
@@ -80,7 +81,25 @@ def count_source(source: str, **increments: int) -> None:
     _count(source, increments, process=False)
 
 
+@contextlib.contextmanager
+def reading_metadata() -> Iterator[None]:
+    """What this thread reads meanwhile is a dataset's metadata (Energon's ``.nv-meta``
+    files), not shards: its requests and bytes count, as ``shards`` and their ``gets`` it
+    does not (``gets_per_shard`` stays about shards)."""
+    before = getattr(_counting, "metadata", False)
+    _counting.metadata = True
+    try:
+        yield
+    finally:
+        _counting.metadata = before
+
+
+_NOT_METADATA = ("shards", "gets")
+
+
 def _count(source: str | None, increments: dict[str, int], *, process: bool) -> None:
+    if getattr(_counting, "metadata", False) and any(k in increments for k in _NOT_METADATA):
+        increments = {k: n for k, n in increments.items() if k not in _NOT_METADATA}
     later = getattr(_counting, "later", None)
     if later is not None:  # this thread holds the lock (see _locked): added on its way out
         later.append((source, increments, process))
