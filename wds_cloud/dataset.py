@@ -293,7 +293,8 @@ class WebDataset(DataPipeline, FluidInterface):
                 self.repeat()
             return
         opener = ShardOpener(settings, storage_options or {}, url_to_name, zero_copy)
-        if not is_directory(urls, mode):
+        queue = is_directory(urls, mode)  # each process claims its shards: no splitting
+        if not queue:
             urls = expand_patterns(urls, settings.url_vars, opener.router)
         if isinstance(urls, (str, list, tuple)):  # for the workers forked from here
             opener.prepare([urls] if isinstance(urls, str) else urls)
@@ -324,7 +325,6 @@ class WebDataset(DataPipeline, FluidInterface):
                                      "webdataset); give seed= (or WDS_SEED) to resume")
         self.append(shard_source(urls, resampled, empty_check, self.seed if chosen else None,
                                   settings.url_vars, mode, storage_options or {}))
-        queue = is_directory(urls, mode)  # each process claims its shards: no splitting
         if nodesplitter is not None and not queue:
             self.append(bind_worker_info(nodesplitter, where))
         if workersplitter and not queue:

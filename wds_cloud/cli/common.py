@@ -234,24 +234,18 @@ class Inputs:
 
     def _url_shards(self, given: str) -> list[Input]:
         from ..router import expand_glob
+        from ..shardsource import prefix_shards
         from ..urls import expand_urls
 
         urls = expand_urls(given, url_vars=self.settings.url_vars)
         options = _per_scheme(self.options, sorted({_scheme(u) for u in urls}))
         router = self.router(options)
         urls = [found for url in urls
-                for found in (self._directory(url, router) if _is_directory(url) else
+                for found in (prefix_shards(url, router) if _is_directory(url) else
                               expand_glob([url], router=router))]
         if not urls:
             raise ConfigError(f"{given!r} matches no shards")
         return [Input(url, None, options) for url in urls]
-
-    @staticmethod
-    def _directory(url: str, router: Router) -> list[str]:
-        """The shards directly in the directory (or bucket prefix) ``url``, sorted."""
-        from ..shardsource import prefix_shards
-
-        return prefix_shards(url, router)
 
     def _spec_shards(self, given: str) -> list[Input]:
         from ..spec import load_spec

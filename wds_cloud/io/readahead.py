@@ -142,10 +142,6 @@ def _url_of(item: Any) -> str | None:
     return url if isinstance(url, str) else None
 
 
-def _nothing() -> None:
-    pass
-
-
 def _close_quietly(stream: Any) -> None:
     """Close a stream opened ahead that its consumer never got: with its ``close_unread()``
     where it has one (a cache fill it feeds stops there, rather than finish the download for
@@ -278,7 +274,8 @@ class ReadAhead:
         log.debug("read-ahead: opening %s directly", redact(url))
         stream = self._open_stream(url, **options)
         if paced and self.max_bytes:  # a shard of the queue: its reads are judged too
-            return prefetched_stream(stream, deque(), None, _nothing, on_pace=self._paced)
+            return prefetched_stream(stream, deque(), None, partial(self._release, 0),
+                                     on_pace=self._paced)
         return stream
 
     def _take(self, slot: _Slot) -> BinaryIO:

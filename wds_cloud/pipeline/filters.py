@@ -353,9 +353,10 @@ def _rsample(
         raise ConfigError(f"rsample: p must be a probability in [0, 1], got {p!r}")
     if seed is not None and rng is not None:
         raise ConfigError("rsample: pass either rng or seed, not both")
+    if rng is None and seed is not None:
+        rng = random.Random(seed)
     # unseeded, the global ``random`` (as webdataset's ``random.uniform(0, 1)``, the same draws)
-    rand = rng.random if rng is not None else random.random if seed is None else \
-        random.Random(seed).random
+    rand = rng.random if rng is not None else random.random
     return (sample for sample in data if rand() < p)
 
 

@@ -36,13 +36,14 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 import braceexpand
 
 from ..errors import SpecError, UnsafeURLError
+from .files import OpenStream
 from .schedule import WeightSchedule
 
 __all__ = ["ALIASES", "DatasetSpec", "SourceSpec", "is_spec_path", "load_spec"]
@@ -163,7 +164,7 @@ class DatasetSpec:
     def from_yaml(cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
                   allow_pipe: bool = False, split: str | None = None,
                   strict: bool = False,
-                  open_stream: Callable[[str], BinaryIO] | None = None) -> DatasetSpec:
+                  open_stream: OpenStream | None = None) -> DatasetSpec:
         """Load a YAML spec file (``FILE`` or ``FILE#key.path``: see :func:`load_spec`)."""
         return _load_file(path, environ, allow_pipe, split, strict, open_stream)
 
@@ -171,7 +172,7 @@ class DatasetSpec:
     def from_json(cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
                   allow_pipe: bool = False, split: str | None = None,
                   strict: bool = False,
-                  open_stream: Callable[[str], BinaryIO] | None = None) -> DatasetSpec:
+                  open_stream: OpenStream | None = None) -> DatasetSpec:
         """Load a JSON spec file (``FILE`` or ``FILE#key.path``)."""
         return _load_file(path, environ, allow_pipe, split, strict, open_stream)
 
@@ -180,7 +181,7 @@ class DatasetSpec:
                   environ: Mapping[str, str] | None = None, allow_pipe: bool = False,
                   split: str | None = None, strict: bool = False,
                   base: str | os.PathLike[str] | None = None,
-                  open_stream: Callable[[str], BinaryIO] | None = None) -> DatasetSpec:
+                  open_stream: OpenStream | None = None) -> DatasetSpec:
         """Validate a spec given as a dict (as YAML or JSON would load it); relative paths of
         Energon's and Mosaic's sources are taken from ``base`` (default: the working
         directory); ``open_stream`` reads the spec files it names at URLs."""
@@ -278,7 +279,7 @@ class DatasetSpec:
 
 def _load_file(path: str | os.PathLike[str], environ: Mapping[str, str] | None,
                allow_pipe: bool, split: str | None, strict: bool,
-               open_stream: Callable[[str], BinaryIO] | None) -> DatasetSpec:
+               open_stream: OpenStream | None) -> DatasetSpec:
     from .files import read_document
     from .parse import parse
 
@@ -307,7 +308,7 @@ def is_spec_path(spec: object) -> bool:
 def load_spec(spec: Any, *, environ: Mapping[str, str] | None = None,
               allow_pipe: bool = False, split: str | None = None,
               strict: bool = False,
-              open_stream: Callable[[str], BinaryIO] | None = None) -> DatasetSpec:
+              open_stream: OpenStream | None = None) -> DatasetSpec:
     """A :class:`DatasetSpec` from a ``.yaml``/``.yml``/``.json`` path (``FILE#key.path`` names
     a section of a larger config, e.g. ``train.yaml#train_loader.dataset``), a dict, or a spec.
 

@@ -58,12 +58,13 @@ SOURCE_FIELDS: tuple[str, ...] = ("samples", "shards", "requests", "bytes_read",
                                   "retries", "resumes", "failures")
 _SOURCE_INDEX = {name: i for i, name in enumerate(SOURCE_FIELDS)}
 _by_source: dict[str, list[int]] = {}
-_reading = threading.local()  # .source: the source whose shard this thread opens
+#: what this thread reads: .source, the source whose shard it opens (reading_for);
+#: .metadata, a dataset's metadata rather than shards (reading_metadata)
+_reading = threading.local()
 
 _stats = IOStats()
 _stats_lock = ForkSafeLock()  # (a forked child gets its own)
-#: .later: counts made while this thread counts (see _count); .metadata: reading_metadata()
-_counting = threading.local()
+_counting = threading.local()  # .later: counts made while this thread counts (see _count)
 #: where this process adds its counts as well (:func:`report_io_to`): shared slots, first
 #: index, and the first index of each source's counters
 _report: tuple[MutableSequence[int], int, dict[str, int]] | None = None
@@ -81,24 +82,18 @@ def count_source(source: str, **increments: int) -> None:
     _count(source, increments, process=False)
 
 
-@contextlib.contextmanager
-def reading_metadata() -> Iterator[None]:
+def reading_metadata() -> contextlib.AbstractContextManager[None]:
     """What this thread reads meanwhile is a dataset's metadata (Energon's ``.nv-meta``
     files), not shards: its requests and bytes count, as ``shards`` and their ``gets`` it
     does not (``gets_per_shard`` stays about shards)."""
-    before = getattr(_counting, "metadata", False)
-    _counting.metadata = True
-    try:
-        yield
-    finally:
-        _counting.metadata = before
+    return _reading_as("metadata", True)
 
 
 _NOT_METADATA = ("shards", "gets")
 
 
 def _count(source: str | None, increments: dict[str, int], *, process: bool) -> None:
-    if getattr(_counting, "metadata", False) and any(k in increments for k in _NOT_METADATA):
+    if getattr(_reading, "metadata", None) and any(k in increments for k in _NOT_METADATA):
         increments = {k: n for k, n in increments.items() if k not in _NOT_METADATA}
     later = getattr(_counting, "later", None)
     if later is not None:  # this thread holds the lock (see _locked): added on its way out
@@ -162,15 +157,20 @@ def current_source() -> str | None:
     return source
 
 
-@contextlib.contextmanager
-def reading_for(source: str) -> Iterator[None]:
+def reading_for(source: str) -> contextlib.AbstractContextManager[None]:
     """Within: this thread opens a shard of ``source`` (transfers it starts count for it)."""
-    before = getattr(_reading, "source", None)
-    _reading.source = source
+    return _reading_as("source", source)
+
+
+@contextlib.contextmanager
+def _reading_as(name: str, value: object) -> Iterator[None]:
+    """``_reading.<name>`` is ``value`` within, for this thread; as it was after."""
+    before = getattr(_reading, name, None)
+    setattr(_reading, name, value)
     try:
         yield
     finally:
-        _reading.source = before
+        setattr(_reading, name, before)
 
 
 def source_stats() -> dict[str, dict[str, int]]:

@@ -41,8 +41,6 @@ import sys
 from collections.abc import Iterator
 from typing import BinaryIO, TypeGuard
 
-from ..errors import ShardFormatError
-from ..urls import redact
 from .bulk import Member, fast_batch
 from .compress import CHUNK_SIZE, tar_source
 from .header import (
@@ -202,14 +200,14 @@ def iter_member_batches(
         # the first read is one header: a large first member is then read like any other
         source, head = tar_source(stream, url, peek=BLOCK)
         compressed = getattr(source, "__self__", None) is not stream
-        if not (head or compressed or resumed):
-            raise _empty(url)
         reader = MemberReader(source, head, url, max(chunk_size, BLOCK))
+        if not (head or compressed or resumed):
+            raise reader.error(_EMPTY, at=0)
         yield from _batches(reader, compressed, marks, following)
         return
-    if read.limit == 0 and not resumed:
-        raise _empty(url)
     reader = MemberReader(read, b"", url, max(chunk_size, BLOCK))
+    if read.limit == 0 and not resumed:
+        raise reader.error(_EMPTY, at=0)
     with file_view(read) if zero_copy else contextlib.nullcontext() as view:
         if view is not None:
             reader.view = view
@@ -222,11 +220,7 @@ def iter_member_batches(
                 stream.seek(read.start + reader.off + reader.pos)
 
 
-def _empty(url: str) -> ShardFormatError:
-    return ShardFormatError("empty shard: 0 bytes where a tar archive was expected",
-                            url=redact(url), offset=0)
-
-
+_EMPTY = "empty shard: 0 bytes where a tar archive was expected"
 _MIN_WINDOW = 8 << 10  # the smallest window of a regular file's headers and small members
 _FIRST_WINDOW = 64 << 10  # the first; each next one twice what the last held (to a chunk)
 
